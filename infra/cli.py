@@ -1,0 +1,358 @@
+"""``litstream``: run the pipeline's parts and look at what they hold. ``litstream COMMAND --help`` for each."""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from .settings import Settings
+
+console = Console()
+err = Console(stderr=True)
+
+
+def load_settings() -> Settings:
+    """Settings from the environment; without LITSTREAM_BOOTSTRAP_SERVERS, the stack `litstream up` runs here."""
+    from .stack import running_stack
+
+    settings = Settings()
+    if "LITSTREAM_BOOTSTRAP_SERVERS" not in os.environ:
+        info = running_stack(settings.data_dir)
+        if info is not None:
+            settings = settings.model_copy(update={
+                "bootstrap_servers": info["bootstrap_servers"], "topic_prefix": info["topic_prefix"],
+                "partitions": info["partitions"]})
+    return settings
+
+
+def _logging(level: str = "INFO") -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _fail(message: str) -> None:
+    err.print(f"[red]error:[/] {message}")
+    sys.exit(1)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """litstream: agent RL's control plane as an event-sourced pipeline on Kafka.
+
+    Configure with LITSTREAM_* environment variables (LITSTREAM_BOOTSTRAP_SERVERS, LITSTREAM_CLICKHOUSE_DSN,
+    LITSTREAM_PROFILE=local|production, ...). Start here: `litstream demo`.
+    """
+
+
+# --- the whole stack ---------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--rollouts", default=12, show_default=True, help="How many rollouts to run.")
+@click.option("--concurrency", default=4, show_default=True, help="Agent slots in the runner.")
+@click.option("--timeout", default=180.0, show_default=True, help="Seconds to wait for every rollout to finish.")
+@click.option("--json", "as_json", is_flag=True, help="End with one JSON line for scripts.")
+def demo(rollouts: int, concurrency: int, timeout: float, as_json: bool) -> None:
+    """Run the main job on the embedded stack: rollouts end to end, spans read back from ClickHouse."""
+    from .demo import print_result, run_demo
+
+    try:
+        result = run_demo(Settings(), rollouts=rollouts, concurrency=concurrency, timeout=timeout)
+    except (RuntimeError, TimeoutError, ConnectionError) as exc:
+        _fail(str(exc))
+    print_result(result, as_json)
+
+
+@main.command()
+@click.option("--runners/--no-runners", default=False, help="Also run a runner with the demo agent.")
+@click.option("--gateway/--no-gateway", "with_gateway", default=True, show_default=True, help="Serve the HTTP gateway.")
+def up(runners: bool, with_gateway: bool) -> None:
+    """Run the embedded broker and every processor in the foreground; Ctrl-C stops them all."""
+    from .stack import Stack
+
+    settings = Settings()
+    stack = Stack(settings, echo=sys.stdout)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        bootstrap = stack.start_broker()
+        created = stack.create_topics()
+        console.print(f"[bold]broker[/] on {bootstrap} ({len(created)} topics created); "
+                      f"data in {settings.data_dir.resolve()}")
+        stack.start("lifecycle", "process", "lifecycle")
+        stack.start("span-sink", "process", "span-sink")
+        if with_gateway:
+            stack.start("gateway", "gateway", "--host", settings.gateway_host, "--port", str(settings.gateway_port))
+        if runners:
+            stack.start("runner", "runner")
+        console.print("[bold]up[/]: `litstream status`, `litstream rollouts`, `litstream sql` work from another "
+                      "shell in this directory. Ctrl-C to stop.")
+        while True:
+            for name, proc in stack.roles.items():
+                if not proc.alive():
+                    raise RuntimeError(f"{name} exited with code {proc.proc.returncode}")
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        console.print("stopping ...")
+    except (RuntimeError, TimeoutError, ConnectionError) as exc:
+        err.print(f"[red]error:[/] {exc}")
+    finally:
+        stack.stop()
+
+
+@main.command()
+def status() -> None:
+    """The health of each part: broker, topics, processors, ClickHouse."""
+    from . import clickhouse, health
+    from .kafka import missing_topics, wait_for_broker
+
+    settings = load_settings()
+    table = Table(title="litstream status")
+    table.add_column("part")
+    table.add_column("state")
+    table.add_column("detail")
+    ok = True
+    try:
+        wait_for_broker(settings, timeout=5.0)
+        table.add_row("broker", "[green]up[/]", settings.bootstrap_servers)
+        missing = missing_topics(settings)
+        table.add_row("topics", "[green]ok[/]" if not missing else "[red]missing[/]",
+                      ", ".join(missing) if missing else f"prefix {settings.topic_prefix}")
+        ok &= not missing
+    except ConnectionError as exc:
+        table.add_row("broker", "[red]down[/]", str(exc))
+        ok = False
+    for role in ("lifecycle", "span-sink", "gateway", "runner"):
+        info = health.read(settings.data_dir, role)
+        if info is None:
+            table.add_row(role, "[dim]not running[/]", "")
+            continue
+        detail = ", ".join(f"{k}={v}" for k, v in info.items() if k not in {"role", "time", "alive", "age_s"})
+        table.add_row(role, "[green]alive[/]" if info["alive"] else "[red]stale[/]",
+                      f"{detail}, last seen {info['age_s']:.0f}s ago")
+    try:
+        n = clickhouse.query(settings.resolved_clickhouse_dsn, "SELECT count() FROM spans").rows[0][0]
+        table.add_row("clickhouse", "[green]ok[/]", f"{n} span rows ({_redact(settings.resolved_clickhouse_dsn)})")
+    except Exception as exc:  # report, don't crash: status is for diagnosing
+        table.add_row("clickhouse", "[red]error[/]", str(exc).splitlines()[0][:200])
+        ok = False
+    console.print(table)
+    sys.exit(0 if ok else 1)
+
+
+def _redact(dsn: str) -> str:
+    if "@" in dsn and "://" in dsn:
+        scheme, rest = dsn.split("://", 1)
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return dsn
+
+
+@main.command()
+@click.argument("role", type=click.Choice(["lifecycle", "span-sink", "gateway", "runner"]))
+def healthcheck(role: str) -> None:
+    """Exit 0 if ROLE's process in this container/directory reported itself alive recently."""
+    from . import health
+
+    info = health.read(load_settings().data_dir, role)
+    if info is None or not info["alive"]:
+        click.echo(f"{role}: not alive", err=True)
+        sys.exit(1)
+    click.echo(f"{role}: alive")
+
+
+# --- topics ------------------------------------------------------------------------------------------------
+
+
+@main.group()
+def topics() -> None:
+    """The topic catalogue."""
+
+
+@topics.command("create")
+@click.option("--wait", default=60.0, show_default=True, help="Seconds to wait for the broker.")
+def topics_create(wait: float) -> None:
+    """Create every topic of the catalogue that does not exist yet (idempotent)."""
+    from .kafka import create_topics, wait_for_broker
+
+    settings = load_settings()
+    try:
+        wait_for_broker(settings, timeout=wait)
+    except ConnectionError as exc:
+        _fail(str(exc))
+    created = create_topics(settings)
+    click.echo(f"{len(created)} topics created" + (": " + ", ".join(created) if created else " (all existed)"))
+
+
+@topics.command("list")
+def topics_list() -> None:
+    """The catalogue: topic, partitions, key, cleanup, retention."""
+    from .topics import physical_topics
+
+    table = Table()
+    for col in ("topic", "partitions", "key", "cleanup", "retention.ms", "what"):
+        table.add_column(col)
+    for t in physical_topics(load_settings()):
+        spec = t.spec
+        table.add_row(t.name, str(t.partitions), spec.key if spec else "", t.config.get("cleanup.policy", "delete"),
+                      t.config.get("retention.ms", ""), spec.description if spec else "dead letters / changelog")
+    console.print(table)
+
+
+# --- single roles (what docker-compose runs) --------------------------------------------------------------
+
+
+@main.group()
+def process() -> None:
+    """Run one stream processor in the foreground."""
+
+
+@process.command("lifecycle")
+@click.option("--loglevel", default="info", show_default=True)
+def process_lifecycle(loglevel: str) -> None:
+    """The rollout-lifecycle processor (Faust)."""
+    from litstream.streams import lifecycle
+
+    lifecycle.run(load_settings(), loglevel=loglevel)
+
+
+@process.command("span-sink")
+def process_span_sink() -> None:
+    """The span sink: spans topic -> ClickHouse, with a loopback SQL API for other processes."""
+    from litstream.streams import span_sink
+
+    _logging()
+    span_sink.run(load_settings())
+
+
+@main.command()
+@click.option("--concurrency", default=4, show_default=True, help="Agent slots in this process.")
+@click.option("--agent", "agent_path", default="litstream.workers.demo_agent:arithmetic_agent", show_default=True,
+              help="module:function of the agent.")
+@click.option("--max-rollouts", type=int, default=None, help="Stop after claiming this many rollouts.")
+def runner(concurrency: int, agent_path: str, max_rollouts: int | None) -> None:
+    """Run agents on rollouts from the offers topic."""
+    from litstream.workers.runner import Runner
+
+    _logging()
+    module, _, func = agent_path.partition(":")
+    try:
+        agent = getattr(importlib.import_module(module), func)
+    except (ImportError, AttributeError) as exc:
+        _fail(f"cannot load agent {agent_path!r}: {exc}")
+    r = Runner(load_settings(), agent, concurrency=concurrency)
+    signal.signal(signal.SIGTERM, lambda *_: r.stop_event.set())
+    try:
+        r.run(max_rollouts=max_rollouts)
+    except KeyboardInterrupt:
+        r.stop_event.set()
+
+
+@main.command()
+@click.option("--host", default=None, help="Bind address (default LITSTREAM_GATEWAY_HOST, 127.0.0.1).")
+@click.option("--port", default=None, type=int, help="Port (default LITSTREAM_GATEWAY_PORT, 8080).")
+def gateway(host: str | None, port: int | None) -> None:
+    """The HTTP gateway."""
+    from litstream.workers import gateway as gw
+
+    _logging()
+    settings = load_settings()
+    gw.run(settings, host or settings.gateway_host, port or settings.gateway_port)
+
+
+# --- looking at state ----------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("input_json")
+@click.option("--count", default=1, show_default=True)
+@click.option("--mode", type=click.Choice(["train", "val", "test"]), default=None)
+@click.option("--max-attempts", default=1, show_default=True)
+def enqueue(input_json: str, count: int, mode: str | None, max_attempts: int) -> None:
+    """Enqueue COUNT rollouts whose task input is INPUT_JSON."""
+    from litstream.schemas.models import RolloutConfig
+    from litstream.workers.client import enqueue_rollout
+    from litstream.workers.producer import EventProducer
+
+    try:
+        task = json.loads(input_json)
+    except json.JSONDecodeError as exc:
+        _fail(f"INPUT_JSON is not JSON: {exc}")
+    events = EventProducer(load_settings(), role="cli")
+    config = RolloutConfig(max_attempts=max_attempts)
+    for _ in range(count):
+        click.echo(enqueue_rollout(events, task, mode=mode, config=config).rollout_id)  # type: ignore[arg-type]
+    events.flush()
+
+
+@main.command()
+@click.option("--status", "status_filter", default=None, help="Only rollouts with this status.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+def rollouts(status_filter: str | None, as_json: bool) -> None:
+    """List rollouts with their status (read from the rollout-state topic)."""
+    from litstream.streams.stateview import StateView
+
+    settings = load_settings()
+    try:
+        with StateView(settings) as view:
+            snaps = sorted(view.catch_up().values(), key=lambda s: s.start_time)
+    except (LookupError, ConnectionError) as exc:
+        _fail(str(exc))
+    if status_filter:
+        snaps = [s for s in snaps if s.status == status_filter]
+    if as_json:
+        for s in snaps:
+            click.echo(s.model_dump_json())
+        return
+    table = Table(title=f"{len(snaps)} rollouts")
+    for col in ("rollout_id", "status", "attempts", "latest attempt", "mode", "version"):
+        table.add_column(col)
+    for s in snaps:
+        latest = s.attempts[-1] if s.attempts else None
+        table.add_row(s.rollout_id, s.status, str(len(s.attempts)),
+                      f"{latest.attempt_id} {latest.status}" if latest else "", s.mode or "", str(s.version))
+    console.print(table)
+
+
+@main.command()
+@click.argument("query")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
+def sql(query: str, fmt: str) -> None:
+    """Run a read-only SQL QUERY over the spans (table `spans`) and print the result."""
+    from . import clickhouse
+
+    settings = load_settings()
+    try:
+        res = clickhouse.query(settings.resolved_clickhouse_dsn, query)
+    except Exception as exc:  # the query's error, said plainly
+        _fail(str(exc).strip().splitlines()[0])
+    if fmt == "json":
+        for row in res.rows:
+            click.echo(json.dumps(dict(zip(res.columns, row)), default=str))
+    elif fmt == "csv":
+        w = csv.writer(sys.stdout)
+        w.writerow(res.columns)
+        w.writerows(res.rows)
+    else:
+        table = Table()
+        for c in res.columns:
+            table.add_column(c)
+        for row in res.rows:
+            table.add_row(*(_cell(v) for v in row))
+        console.print(table)
+
+
+def _cell(v: Any) -> str:
+    return "NULL" if v is None else str(v)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""ClickHouse through clickhouse-connect: chDB (``chdb:///dir``, embedded) or a server (``http://...``), same code.
+
+chDB lets one process open a directory. That process (the span sink) is the *owner*: it writes an owner file
+with its pid and query API, and every other process queries through that API (see :func:`query`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import clickhouse_connect
+from clickhouse_connect.driver.client import Client
+
+from ..health import _pid_alive
+
+DDL_DIR = Path(__file__).parent
+OWNER_FILE = "litstream.owner.json"
+SPAN_TTL_DAYS = 180
+
+
+class ChdbLockedError(RuntimeError):
+    """The chDB directory is open in another process."""
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    columns: list[str]
+    types: list[str]
+    rows: list[list[Any]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"columns": self.columns, "types": self.types, "rows": self.rows}
+
+
+def chdb_dir(dsn: str) -> Path | None:
+    """The directory of a ``chdb://`` DSN, or None for a server DSN."""
+    if not dsn.startswith("chdb://"):
+        return None
+    path = dsn[len("chdb://"):].split("?", 1)[0]
+    return Path(path).resolve() if path else None
+
+
+def read_owner(path: Path) -> dict[str, Any] | None:
+    try:
+        owner: dict[str, Any] = json.loads((path / OWNER_FILE).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return owner if _pid_alive(int(owner.get("pid", 0))) else None
+
+
+def write_owner(path: Path, role: str, api_url: str | None) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    tmp = path / f".{OWNER_FILE}.{os.getpid()}"
+    tmp.write_text(json.dumps({"pid": os.getpid(), "role": role, "api_url": api_url}))
+    tmp.replace(path / OWNER_FILE)
+
+
+def release_owner(path: Path) -> None:
+    owner = read_owner(path)
+    if owner is None or owner.get("pid") == os.getpid():
+        (path / OWNER_FILE).unlink(missing_ok=True)
+
+
+def _locked_message(path: Path, owner: dict[str, Any] | None) -> str:
+    who = f"{owner.get('role')} (pid {owner.get('pid')}, API {owner.get('api_url')})" if owner else "another process"
+    return (f"chDB directory {path} is open in {who}; chDB allows one process per directory. Query through "
+            "the owner (`litstream sql` does), stop it, or point LITSTREAM_CLICKHOUSE_DSN elsewhere.")
+
+
+class ClickHouse:
+    """An open connection plus the lock that serialises its use across threads (the chDB client is not
+    thread-safe)."""
+
+    def __init__(self, dsn: str, role: str) -> None:
+        self.dsn = dsn
+        self.role = role
+        self.path = chdb_dir(dsn)
+        self.lock = threading.RLock()
+        if self.path is not None:
+            owner = read_owner(self.path)
+            if owner is not None and owner.get("pid") != os.getpid():
+                raise ChdbLockedError(_locked_message(self.path, owner))
+            self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.client: Client = clickhouse_connect.get_client(dsn=dsn)
+        except Exception as exc:
+            if self.path is not None and ("lock" in str(exc).lower() or "already initialized" in str(exc)):
+                raise ChdbLockedError(_locked_message(self.path, read_owner(self.path))) from None
+            raise
+        if self.path is not None:
+            write_owner(self.path, role, None)
+
+    def set_api(self, api_url: str) -> None:
+        if self.path is not None:
+            write_owner(self.path, self.role, api_url)
+
+    def migrate(self, table: str = "spans") -> None:
+        ddl = (DDL_DIR / "spans.sql").read_text().format(table=table, ttl_days=SPAN_TTL_DAYS)
+        with self.lock:
+            self.client.command(ddl)
+
+    def insert(self, table: str, columns: list[str], data: list[list[Any]]) -> None:
+        with self.lock:
+            self.client.insert(table, data, column_names=columns, column_oriented=True)
+
+    def query(self, sql: str, readonly: bool = True) -> QueryResult:
+        with self.lock:
+            res = self.client.query(sql, settings={"readonly": 1} if readonly else None)
+        return QueryResult(list(res.column_names), [t.name for t in res.column_types],
+                           [list(r) for r in res.result_rows])
+
+    def close(self) -> None:
+        with self.lock:
+            self.client.close()
+        if self.path is not None:
+            release_owner(self.path)
+
+
+class QueryError(RuntimeError):
+    pass
+
+
+def query(dsn: str, sql: str, timeout: float = 60.0) -> QueryResult:
+    """Run a read-only query from any process: through the chDB owner's API when one runs, else directly."""
+    path = chdb_dir(dsn)
+    owner = read_owner(path) if path is not None else None
+    if owner is not None and owner.get("pid") != os.getpid():
+        if not owner.get("api_url"):
+            raise ChdbLockedError(_locked_message(path, owner))  # type: ignore[arg-type]
+        return query_api(owner["api_url"], sql, timeout)
+    ch = ClickHouse(dsn, role="query")
+    try:
+        return ch.query(sql)
+    finally:
+        ch.close()
+
+
+def query_api(api_url: str, sql: str, timeout: float = 60.0) -> QueryResult:
+    req = urllib.request.Request(api_url.rstrip("/") + "/sql", data=json.dumps({"query": sql}).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (loopback owner API)
+            body = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        raise QueryError(json.loads(exc.read() or b"{}").get("error", str(exc))) from None
+    return QueryResult(body["columns"], body["types"], body["rows"])

@@ -1,0 +1,141 @@
+"""The main job on the embedded stack: rollouts through every part, end to end, with progress.
+
+Starts the broker, creates the topics, runs the lifecycle processor, the span sink and a runner with the toy
+arithmetic agent as separate processes, enqueues rollouts, waits until every one is finished, and reads the
+spans back from ClickHouse.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from litstream.schemas.models import FINISHED
+from litstream.streams.stateview import StateView
+from litstream.workers.client import enqueue_rollout
+from litstream.workers.demo_agent import make_task
+from litstream.workers.producer import EventProducer
+
+from . import clickhouse
+from .kafka import read_to_end
+from .settings import Settings
+from .stack import Stack
+
+
+@dataclass
+class DemoResult:
+    rollouts: int
+    by_status: dict[str, int]
+    spans_emitted: int
+    spans_in_clickhouse: int
+    mean_reward: float | None
+    seconds: float
+    data_dir: str
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        return {"rollouts": self.rollouts, "by_status": self.by_status, "spans_emitted": self.spans_emitted,
+                "spans_in_clickhouse": self.spans_in_clickhouse, "mean_reward": self.mean_reward,
+                "seconds": round(self.seconds, 2), "data_dir": self.data_dir}
+
+
+def run_demo(settings: Settings, rollouts: int = 12, concurrency: int = 4, timeout: float = 180.0,
+             quiet: bool = False, seed: int = 0) -> DemoResult:
+    console = Console(stderr=True, quiet=quiet)
+    t0 = time.monotonic()
+    run_dir = settings.data_dir / "demo"
+    shutil.rmtree(run_dir, ignore_errors=True)  # the embedded broker starts empty: so does the span store
+    settings = settings.model_copy(update={"data_dir": run_dir, "clickhouse_dsn": None})
+    with Stack(settings) as stack:
+        console.print(f"[bold]litstream demo[/]: {rollouts} rollouts, runner concurrency {concurrency}, "
+                      f"data in {run_dir}")
+        bootstrap = stack.start_broker()
+        settings = stack.settings
+        stack.create_topics()
+        console.print(f"  broker (Tansu) on {bootstrap}; topics created")
+        stack.start("lifecycle", "process", "lifecycle")
+        stack.start("span-sink", "process", "span-sink")
+        stack.start("runner", "runner", "--concurrency", str(concurrency))
+        stack.wait_ready("span-sink", "span-sink", key="inserted")
+        stack.wait_ready("lifecycle", "lifecycle")
+        console.print("  lifecycle processor, span sink and runner are up")
+
+        rng = random.Random(seed)
+        events = EventProducer(settings, role="demo")
+        ids = [enqueue_rollout(events, make_task(rng), mode="train").rollout_id for _ in range(rollouts)]
+        events.flush()
+
+        with StateView(settings) as view, Progress(
+            TextColumn("  rollouts finished"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=console, transient=quiet,
+        ) as progress:
+            bar = progress.add_task("finished", total=rollouts)
+            deadline = time.monotonic() + timeout
+            while True:
+                snaps = view.catch_up()
+                done = sum(1 for rid in ids if rid in snaps and snaps[rid].status in FINISHED)
+                progress.update(bar, completed=done)
+                if done == rollouts:
+                    break
+                _check_alive(stack)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"only {done}/{rollouts} rollouts finished within {timeout:.0f}s; "
+                                       f"see the logs in {stack.log_dir}")
+                time.sleep(0.3)
+            snaps = dict(view.snapshots)
+
+        spans_emitted = sum(1 for _ in read_to_end(settings, events.topics.spans))
+        dsn = settings.resolved_clickhouse_dsn
+        in_ch = 0
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the sink commits batch by batch: wait until it has caught up
+            in_ch = int(clickhouse.query(dsn, "SELECT count() FROM spans FINAL").rows[0][0])
+            if in_ch >= spans_emitted:
+                break
+            time.sleep(0.3)
+        reward_rows = clickhouse.query(
+            dsn, "SELECT rollout_id, any(reward) FROM spans FINAL WHERE reward IS NOT NULL GROUP BY rollout_id").rows
+        rewards = {r[0]: r[1] for r in reward_rows}
+        del events  # close our producer before the broker stops
+
+    rows = []
+    by_status: dict[str, int] = {}
+    for rid in ids:
+        s = snaps[rid]
+        by_status[s.status] = by_status.get(s.status, 0) + 1
+        rows.append({"rollout_id": rid, "status": s.status, "attempts": len(s.attempts),
+                     "task": f"{s.input['a']} {s.input['op']} {s.input['b']}", "reward": rewards.get(rid)})
+    mean = sum(v for v in rewards.values() if v is not None) / len(rewards) if rewards else None
+    return DemoResult(rollouts, by_status, spans_emitted, in_ch, mean, time.monotonic() - t0, str(run_dir), rows)
+
+
+def _check_alive(stack: Stack) -> None:
+    for name, proc in stack.roles.items():
+        if not proc.alive():
+            raise RuntimeError(f"{name} exited with code {proc.proc.returncode}; see {proc.log_path}")
+
+
+def print_result(result: DemoResult, as_json: bool) -> None:
+    console = Console()
+    table = Table(title="Rollouts")
+    for col in ("rollout_id", "task", "status", "attempts", "reward"):
+        table.add_column(col)
+    for r in result.rows:
+        table.add_row(r["rollout_id"], r["task"], r["status"], str(r["attempts"]),
+                      "" if r["reward"] is None else f"{r['reward']:.1f}")
+    if not as_json:
+        console.print(table)
+        console.print(f"spans emitted: {result.spans_emitted}   spans in ClickHouse: {result.spans_in_clickhouse}   "
+                      f"mean reward: {result.mean_reward}   took {result.seconds:.1f}s")
+    else:
+        Console(stderr=True).print(table)
+        sys.stdout.write(json.dumps(result.summary()) + "\n")

@@ -1,0 +1,48 @@
+"""Liveness of long-running roles: each touches a small file; `litstream healthcheck ROLE` reads it."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+STALE_AFTER_S = 30.0
+
+
+def health_dir(data_dir: Path) -> Path:
+    path = data_dir / "health"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def beat(data_dir: Path, role: str, **info: Any) -> None:
+    """Record that ``role`` is alive now (atomic replace, so a reader never sees half a file)."""
+    path = health_dir(data_dir) / f"{role}.json"
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"role": role, "pid": os.getpid(), "time": time.time(), **info}))
+    tmp.replace(path)
+
+
+def read(data_dir: Path, role: str) -> dict[str, Any] | None:
+    path = data_dir / "health" / f"{role}.json"
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    data["age_s"] = time.time() - float(data.get("time", 0))
+    data["alive"] = data["age_s"] < STALE_AFTER_S and _pid_alive(int(data.get("pid", 0)))
+    return data
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

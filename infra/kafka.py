@@ -1,0 +1,141 @@
+"""Kafka clients (confluent-kafka) built from the settings, and the few patterns every process shares."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer as _Consumer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from .profiles import consumer_profile, security_config
+from .settings import Settings
+from .topics import physical_topics
+
+log = logging.getLogger(__name__)
+
+
+def default_producer_id(role: str) -> str:
+    return f"{role}-{socket.gethostname()}-{os.getpid()}"
+
+
+def admin(settings: Settings) -> AdminClient:
+    return AdminClient({"bootstrap.servers": settings.bootstrap_servers, **security_config(settings)})
+
+
+def producer(settings: Settings, **overrides: Any) -> Producer:
+    conf: dict[str, Any] = {
+        "bootstrap.servers": settings.bootstrap_servers,
+        # Idempotent producer: retries never duplicate or reorder within a partition.
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 5,
+        "log.connection.close": False,  # idle disconnects are routine, not news
+        **security_config(settings),
+        **overrides,
+    }
+    return Producer(conf)
+
+
+def consumer(settings: Settings, group_id: str, **overrides: Any) -> _Consumer:
+    conf: dict[str, Any] = {
+        "bootstrap.servers": settings.bootstrap_servers,
+        "group.id": group_id,
+        "auto.offset.reset": "earliest",
+        # Offsets are committed by hand, after the work a message caused is durable (at-least-once).
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "log.connection.close": False,
+        **consumer_profile(settings),
+        **security_config(settings),
+        **overrides,
+    }
+    return _Consumer(conf)
+
+
+def create_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
+    """Create every catalogue topic that does not exist yet; returns the names created."""
+    client = admin(settings)
+    wanted = physical_topics(settings)
+    existing = set(client.list_topics(timeout=timeout).topics)
+    new = [NewTopic(t.name, num_partitions=t.partitions, replication_factor=-1, config=t.config)
+           for t in wanted if t.name not in existing]
+    created: list[str] = []
+    if not new:
+        return created
+    for name, fut in client.create_topics(new, request_timeout=timeout).items():
+        try:
+            fut.result()
+            created.append(name)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+    return created
+
+
+def missing_topics(settings: Settings, timeout: float = 10.0) -> list[str]:
+    existing = set(admin(settings).list_topics(timeout=timeout).topics)
+    return [t.name for t in physical_topics(settings) if t.name not in existing]
+
+
+def wait_for_broker(settings: Settings, timeout: float = 30.0) -> None:
+    """Block until the broker answers a metadata request, or raise with what to check."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            admin(settings).list_topics(timeout=2.0)
+            return
+        except KafkaException as exc:
+            last = exc
+            time.sleep(0.2)
+    raise ConnectionError(
+        f"no Kafka broker answered at {settings.bootstrap_servers} within {timeout:.0f}s ({last}); "
+        "start one with `litstream up` or set LITSTREAM_BOOTSTRAP_SERVERS"
+    )
+
+
+def read_to_end(settings: Settings, topic: str, timeout: float = 30.0) -> Iterator[Message]:
+    """Every record of ``topic`` from the beginning to the current end.
+
+    The end is where the broker reports end-of-partition while fetching, never ListOffsets (the embedded broker
+    answers ListOffsets wrongly; see the README). No group is joined and nothing is committed.
+    """
+    meta = admin(settings).list_topics(topic=topic, timeout=10.0)
+    tmeta = meta.topics.get(topic)
+    if tmeta is None or tmeta.error is not None:
+        raise LookupError(f"topic {topic!r} does not exist; run `litstream topics create`")
+    parts = [TopicPartition(topic, p, 0) for p in tmeta.partitions]  # offset 0 = the beginning
+    c = consumer(settings, group_id=f"reader-{os.getpid()}-{time.monotonic_ns()}", **{"enable.partition.eof": True})
+    try:
+        c.assign(parts)
+        pending = {p.partition for p in parts}
+        deadline = time.monotonic() + timeout
+        while pending:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {topic} to its end took over {timeout:.0f}s")
+            for msg in c.consume(num_messages=1000, timeout=0.5):
+                err = msg.error()
+                if err is None:
+                    yield msg
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    pending.discard(msg.partition())
+                else:
+                    raise KafkaException(err)
+    finally:
+        c.close()
+
+
+def headers_dict(msg: Message) -> dict[str, bytes]:
+    return {k: (v or b"") for k, v in (msg.headers() or [])}
+
+
+def flush_or_raise(p: Producer, timeout: float = 30.0) -> None:
+    left = p.flush(timeout)
+    if left:
+        raise TimeoutError(f"{left} messages were not delivered within {timeout:.0f}s; is the broker up?")

@@ -1,0 +1,53 @@
+"""Settings from the environment (prefix ``LITSTREAM_``), shared by every process of the pipeline."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Where the pipeline's parts are and how to talk to them.
+
+    ``profile`` picks the client settings for the broker in use: ``local`` carries the workarounds the
+    embedded broker (Tansu) needs, ``production`` is plain Apache Kafka. See ``infra/profiles.py``.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="LITSTREAM_", extra="ignore")
+
+    profile: Literal["local", "production"] = "local"
+    bootstrap_servers: str = "127.0.0.1:9092"
+    topic_prefix: str = Field("litstream", pattern=r"^[A-Za-z0-9._-]+$")
+    partitions: int = Field(4, ge=1, le=256)
+    data_dir: Path = Path(".litstream")
+    clickhouse_dsn: str | None = None  # default: chdb:///<data_dir>/chdb
+    schema_registry_url: str | None = None
+    producer_id: str | None = None  # default: <role>-<host>-<pid>
+
+    # Kafka security, passed to every client (confluent-kafka and Faust/aiokafka).
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    kafka_sasl_mechanism: str | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    kafka_ssl_cafile: str | None = None
+
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = 8080
+    gateway_token: SecretStr | None = None
+
+    @property
+    def chdb_path(self) -> Path:
+        return (self.data_dir / "chdb").resolve()
+
+    @property
+    def resolved_clickhouse_dsn(self) -> str:
+        return self.clickhouse_dsn or f"chdb://{self.chdb_path}"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,114 @@
+"""The topic catalogue: every topic the pipeline uses, declared once.
+
+Topics that carry per-rollout data share one partition count and the rollout id as key, so a rollout's
+lifecycle events, spans, offers and state all live on the same partition number and one processor instance
+owns all of a rollout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .settings import Settings
+
+FOREVER = -1
+DAY_MS = 24 * 3600 * 1000
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """One topic: its role name, what keys it, and how long it keeps data."""
+
+    name: str  # role name; the physical name is "<prefix>.<name>"
+    key: str
+    description: str
+    cleanup: Literal["delete", "compact"] = "delete"
+    retention_ms: int = FOREVER
+    partitions: int | None = None  # None: the settings' partition count (co-partitioned by rollout id)
+    dlq: bool = True
+    extra_config: dict[str, str] = field(default_factory=dict)
+
+
+CATALOGUE: tuple[TopicSpec, ...] = (
+    TopicSpec("rollout-events", "rollout_id", "Rollout and attempt lifecycle events: the source of truth."),
+    TopicSpec("spans", "rollout_id", "Span-recorded events from agents (SDK, OpenTelemetry, OTLP)."),
+    TopicSpec("rollout-offers", "rollout_id", "Rollouts on offer to runners (queuing/requeuing).",
+              retention_ms=7 * DAY_MS),
+    TopicSpec("rollout-state", "rollout_id", "Folded rollout snapshots, newest version wins.",
+              cleanup="compact", dlq=False),
+    TopicSpec("resources", "resources_id", "Resources-published events (policy versions, prompts).", partitions=1),
+    TopicSpec("triplets", "group_id", "(prompt, response, reward) triplets derived from spans."),
+)
+
+# Faust keeps the lifecycle table's changelog here; declared so it is created with the right partition count.
+LIFECYCLE_APP = "lifecycle"
+LIFECYCLE_TABLE = "rollouts"
+
+
+@dataclass(frozen=True)
+class Topics:
+    """Physical topic names for one prefix (tests use a fresh prefix each)."""
+
+    prefix: str
+
+    def name(self, role: str) -> str:
+        return f"{self.prefix}.{role}"
+
+    def dlq(self, role: str) -> str:
+        return f"{self.prefix}.{role}.dlq"
+
+    @property
+    def rollout_events(self) -> str:
+        return self.name("rollout-events")
+
+    @property
+    def spans(self) -> str:
+        return self.name("spans")
+
+    @property
+    def offers(self) -> str:
+        return self.name("rollout-offers")
+
+    @property
+    def state(self) -> str:
+        return self.name("rollout-state")
+
+    @property
+    def resources(self) -> str:
+        return self.name("resources")
+
+    @property
+    def triplets(self) -> str:
+        return self.name("triplets")
+
+    @property
+    def faust_app_id(self) -> str:
+        return f"{self.prefix}-{LIFECYCLE_APP}"
+
+    @property
+    def lifecycle_changelog(self) -> str:
+        return f"{self.faust_app_id}-{LIFECYCLE_TABLE}-changelog"
+
+
+@dataclass(frozen=True)
+class PhysicalTopic:
+    name: str
+    partitions: int
+    config: dict[str, str]
+    spec: TopicSpec | None
+
+
+def physical_topics(settings: Settings) -> list[PhysicalTopic]:
+    """Every topic to create, with its DLQ companions and the processors' changelogs."""
+    topics = Topics(settings.topic_prefix)
+    out: list[PhysicalTopic] = []
+    for spec in CATALOGUE:
+        partitions = spec.partitions or settings.partitions
+        config = {"cleanup.policy": spec.cleanup, "retention.ms": str(spec.retention_ms), **spec.extra_config}
+        out.append(PhysicalTopic(topics.name(spec.name), partitions, config, spec))
+        if spec.dlq:
+            # Dead letters are kept for inspection and replay after a fix.
+            out.append(PhysicalTopic(topics.dlq(spec.name), 1, {"retention.ms": str(30 * DAY_MS)}, None))
+    out.append(PhysicalTopic(topics.lifecycle_changelog, settings.partitions, {"cleanup.policy": "compact"}, None))
+    return out

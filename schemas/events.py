@@ -1,0 +1,334 @@
+"""Events: immutable facts, one Avro record each (the `.avsc` files in `avro/` are the source of truth).
+
+Field names mirror the Avro records, except that a field listed in ``json_fields`` (free-form JSON such as a
+task input) travels as the string field ``<name>_json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .models import AttemptStatus, RolloutConfig, RolloutMode, RolloutStatus, StatusCode
+
+AttrValue = bool | int | float | str | list[bool | int | float | str | None] | None
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+class AvroModel(BaseModel):
+    """A pydantic model that is one Avro record."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    json_fields: ClassVar[frozenset[str]] = frozenset()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _decode_json_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict) and cls.json_fields:
+            data = dict(data)
+            for name in cls.json_fields:
+                raw = data.pop(f"{name}_json", None)
+                if raw is not None and name not in data:
+                    data[name] = json.loads(raw)
+        return data
+
+    @model_validator(mode="after")
+    def _json_fields_serialisable(self) -> "AvroModel":
+        for name in self.json_fields:
+            try:
+                _dumps(getattr(self, name))
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"field {name!r} must be JSON-serialisable: {exc}") from None
+        return self
+
+    def to_record(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if name in self.json_fields:
+                out[f"{name}_json"] = _dumps(value)
+            else:
+                out[name] = _avro_value(value)
+        return out
+
+
+def _avro_value(value: Any) -> Any:
+    if isinstance(value, AvroModel):
+        return value.to_record()
+    if isinstance(value, BaseModel):
+        return value.model_dump()
+    if isinstance(value, (list, tuple)):
+        return [_avro_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _avro_value(v) for k, v in value.items()}
+    return value
+
+
+class EventMeta(AvroModel):
+    event_id: str = Field(min_length=1)
+    rollout_id: str = Field(min_length=1)
+    producer_id: str = Field(min_length=1)
+    producer_seq: int = Field(ge=0)
+    timestamp_ns: int = Field(ge=0)
+
+
+class Event(AvroModel):
+    """A rollout-scoped event (keyed by rollout id)."""
+
+    avro_name: ClassVar[str]
+    meta: EventMeta
+
+    @property
+    def rollout_id(self) -> str:
+        return self.meta.rollout_id
+
+    @property
+    def key(self) -> str:
+        return self.meta.rollout_id
+
+
+class AvroRolloutConfig(RolloutConfig):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# --- Lifecycle ---------------------------------------------------------------------------------------------
+
+
+class RolloutEnqueued(Event):
+    avro_name = "litstream.RolloutEnqueued"
+    json_fields = frozenset({"input", "metadata"})
+    input: Any
+    start_time: float
+    mode: RolloutMode | None = None
+    resources_id: str | None = None
+    config: AvroRolloutConfig = Field(default_factory=AvroRolloutConfig)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class RolloutStatusChanged(Event):
+    avro_name = "litstream.RolloutStatusChanged"
+    status: RolloutStatus
+    time: float
+    reason: str | None = None
+
+
+class AttemptStarted(Event):
+    avro_name = "litstream.AttemptStarted"
+    attempt_id: str = Field(min_length=1)
+    sequence_id: int = Field(ge=1)
+    start_time: float
+    worker_id: str | None = None
+
+
+class AttemptHeartbeat(Event):
+    avro_name = "litstream.AttemptHeartbeat"
+    attempt_id: str = Field(min_length=1)
+    time: float
+    worker_id: str | None = None
+
+
+class AttemptStatusChanged(Event):
+    avro_name = "litstream.AttemptStatusChanged"
+    attempt_id: str = Field(min_length=1)
+    status: AttemptStatus
+    time: float
+    worker_id: str | None = None
+    error: str | None = None
+
+
+LifecycleEvent = RolloutEnqueued | RolloutStatusChanged | AttemptStarted | AttemptHeartbeat | AttemptStatusChanged
+
+
+# --- Spans -------------------------------------------------------------------------------------------------
+
+
+class SpanEventRecord(AvroModel):
+    name: str
+    timestamp_ns: int | None = None
+    attributes: dict[str, AttrValue] = Field(default_factory=dict)
+
+
+class SpanLinkRecord(AvroModel):
+    trace_id: str
+    span_id: str
+    trace_state: str = ""
+    attributes: dict[str, AttrValue] = Field(default_factory=dict)
+
+
+class ResourceRecord(AvroModel):
+    attributes: dict[str, AttrValue] = Field(default_factory=dict)
+    schema_url: str = ""
+
+
+class SpanRecorded(Event):
+    avro_name = "litstream.SpanRecorded"
+    attempt_id: str = Field(min_length=1)
+    sequence_id: int = Field(ge=1)
+    trace_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    span_id: str = Field(pattern=r"^[0-9a-f]{16}$")
+    parent_id: str | None = Field(None, pattern=r"^[0-9a-f]{16}$")
+    trace_state: str = ""
+    name: str = Field(min_length=1)
+    kind: Literal["INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER"] = "INTERNAL"
+    status_code: StatusCode = "UNSET"
+    status_message: str | None = None
+    start_time_ns: int = Field(ge=0)
+    end_time_ns: int | None = Field(None, ge=0)
+    attributes: dict[str, AttrValue] = Field(default_factory=dict)
+    events: list[SpanEventRecord] = Field(default_factory=list)
+    links: list[SpanLinkRecord] = Field(default_factory=list)
+    resource: ResourceRecord = Field(default_factory=ResourceRecord)
+    scope_name: str = ""
+    scope_version: str = ""
+    resources_id: str | None = None
+
+    @model_validator(mode="after")
+    def _ends_after_start(self) -> "SpanRecorded":
+        if self.end_time_ns is not None and self.end_time_ns < self.start_time_ns:
+            raise ValueError("end_time_ns must not be before start_time_ns")
+        return self
+
+
+# --- Resources, triplets -----------------------------------------------------------------------------------
+
+
+class NamedResourceRecord(AvroModel):
+    json_fields = frozenset({"sampling_parameters"})
+    resource_type: Literal["llm", "proxy_llm", "prompt_template"]
+    endpoint: str | None = None
+    model: str | None = None
+    api_key: str | None = None
+    sampling_parameters: dict[str, Any] = Field(default_factory=dict)
+    template: str | None = None
+    engine: str | None = None
+
+
+class ResourcesPublished(AvroModel):
+    """Not rollout-scoped: keyed by resources_id."""
+
+    avro_name: ClassVar[str] = "litstream.ResourcesPublished"
+    event_id: str
+    resources_id: str = Field(min_length=1)
+    producer_id: str
+    producer_seq: int
+    timestamp_ns: int
+    version: int = Field(ge=1)
+    create_time: float
+    update_time: float
+    resources: dict[str, NamedResourceRecord]
+
+    @property
+    def key(self) -> str:
+        return self.resources_id
+
+
+class TripletEmitted(Event):
+    avro_name = "litstream.TripletEmitted"
+    json_fields = frozenset({"metadata"})
+    attempt_id: str
+    group_id: str = Field(min_length=1)
+    index: int = Field(ge=0)
+    policy_version: str | None = None
+    prompt_token_ids: list[int] = Field(default_factory=list)
+    response_token_ids: list[int] = Field(default_factory=list)
+    response_logprobs: list[float] = Field(default_factory=list)
+    prompt_text: str = ""
+    response_text: str = ""
+    reward: float | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return self.group_id
+
+
+# --- Derived records (written by processors) ---------------------------------------------------------------
+
+
+class RolloutOffered(Event):
+    avro_name = "litstream.RolloutOffered"
+    json_fields = frozenset({"input", "metadata"})
+    attempt_sequence: int = Field(ge=1)
+    input: Any
+    mode: RolloutMode | None = None
+    resources_id: str | None = None
+    config: AvroRolloutConfig = Field(default_factory=AvroRolloutConfig)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class AttemptSnapshot(AvroModel):
+    json_fields = frozenset({"metadata"})
+    attempt_id: str
+    sequence_id: int
+    start_time: float
+    end_time: float | None = None
+    status: AttemptStatus = "preparing"
+    worker_id: str | None = None
+    last_heartbeat_time: float | None = None
+    error: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class RolloutSnapshot(AvroModel):
+    avro_name: ClassVar[str] = "litstream.RolloutSnapshot"
+    json_fields = frozenset({"input", "metadata"})
+    rollout_id: str
+    version: int
+    input: Any
+    start_time: float
+    end_time: float | None = None
+    mode: RolloutMode | None = None
+    resources_id: str | None = None
+    status: RolloutStatus
+    config: AvroRolloutConfig = Field(default_factory=AvroRolloutConfig)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    attempts: list[AttemptSnapshot] = Field(default_factory=list)
+    updated_ns: int
+
+    @property
+    def key(self) -> str:
+        return self.rollout_id
+
+
+TOP_LEVEL: tuple[type[AvroModel], ...] = (
+    RolloutEnqueued, RolloutStatusChanged, AttemptStarted, AttemptHeartbeat, AttemptStatusChanged,
+    SpanRecorded, ResourcesPublished, TripletEmitted, RolloutOffered, RolloutSnapshot,
+)
+BY_NAME: dict[str, type[AvroModel]] = {cls.avro_name: cls for cls in TOP_LEVEL}  # type: ignore[attr-defined]
+
+
+class EventFactory:
+    """Stamps events with this producer's identity and a strictly increasing sequence.
+
+    The sequence starts from the wall clock in microseconds, so a restarted producer that reuses its id still
+    continues above what it wrote before.
+    """
+
+    def __init__(self, producer_id: str | None = None, role: str = "client") -> None:
+        self.producer_id = producer_id or f"{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._last = 0
+        self._lock = threading.Lock()
+
+    def next_seq(self) -> int:
+        with self._lock:
+            self._last = max(self._last + 1, time.time_ns() // 1000)
+            return self._last
+
+    def meta(self, rollout_id: str) -> EventMeta:
+        return EventMeta(
+            event_id=uuid.uuid4().hex,
+            rollout_id=rollout_id,
+            producer_id=self.producer_id,
+            producer_seq=self.next_seq(),
+            timestamp_ns=time.time_ns(),
+        )

@@ -1,0 +1,183 @@
+"""The pure fold: ``apply(state, event) -> Outcome``. No I/O, no clock: the same log always folds to the same state.
+
+Rules (reference semantics, Agent Lightning 0.3, except where noted):
+* Only the latest attempt drives the rollout's status. A failed/timeout/unresponsive attempt requeues the rollout
+  iff its status is in ``retry_condition`` and ``sequence_id < max_attempts``; otherwise the rollout fails.
+* A claim (``AttemptStarted``) is accepted only for a queuing/requeuing rollout and only for the next attempt
+  number: a second claim for the same offer is rejected (explicit version check).
+* Heartbeats promote preparing/unresponsive attempts to running, and the rollout with its latest attempt.
+* Terminal rollout states (succeeded, failed, cancelled) are final. The reference lets them change again; here a
+  late event for a finished rollout is rejected, so a replay can never resurrect one.
+* Each producer's events carry a strictly increasing ``producer_seq``; one at or below the last seen from that
+  producer is a redelivery and is ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from litstream.schemas.events import (
+    AttemptHeartbeat,
+    AttemptStarted,
+    AttemptStatusChanged,
+    Event,
+    RolloutEnqueued,
+    RolloutStatusChanged,
+)
+from litstream.schemas.models import FINISHED, QUEUING, RUNNING
+
+from .state import AttemptState, RolloutState
+
+ATTEMPT_TERMINAL = frozenset({"failed", "succeeded"})
+ATTEMPT_UNHEALTHY = frozenset({"failed", "timeout", "unresponsive"})
+
+
+@dataclass(frozen=True)
+class Offer:
+    """Effect: put the rollout on offer for attempt number ``attempt_sequence``."""
+
+    attempt_sequence: int
+
+
+@dataclass(frozen=True)
+class Outcome:
+    state: RolloutState | None
+    accepted: bool
+    reason: str | None = None  # why an event was not applied (duplicate, rejected)
+    duplicate: bool = False
+    offer: Offer | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self.accepted
+
+
+def _seen(state: RolloutState, event: Event) -> RolloutState:
+    producers = dict(state.producers)
+    producers[event.meta.producer_id] = event.meta.producer_seq
+    return state.model_copy(update={"producers": producers})
+
+
+def _reject(state: RolloutState | None, event: Event, reason: str) -> Outcome:
+    return Outcome(_seen(state, event) if state is not None else None, accepted=False, reason=reason)
+
+
+def _accept(state: RolloutState, event: Event, offer: Offer | None = None, **changes: object) -> Outcome:
+    producers = dict(state.producers)
+    producers[event.meta.producer_id] = event.meta.producer_seq
+    new = state.model_copy(update={**changes, "producers": producers, "version": state.version + 1,
+                                   "updated_ns": event.meta.timestamp_ns})
+    return Outcome(new, accepted=True, offer=offer)
+
+
+def _replace_attempt(state: RolloutState, attempt: AttemptState) -> tuple[AttemptState, ...]:
+    return tuple(attempt if a.attempt_id == attempt.attempt_id else a for a in state.attempts)
+
+
+def rollout_status_from_attempt(state: RolloutState, attempt: AttemptState) -> str:
+    """The rollout status the latest attempt implies (the reference's propagation table)."""
+    if attempt.status in ATTEMPT_UNHEALTHY:
+        cfg = state.config
+        if attempt.status in cfg.retry_condition and attempt.sequence_id < cfg.max_attempts:
+            return "requeuing"
+        return "failed"
+    return attempt.status
+
+
+def apply(state: RolloutState | None, event: Event) -> Outcome:
+    """Fold one event into a rollout's state."""
+    if state is not None and event.meta.producer_seq <= state.producers.get(event.meta.producer_id, -1):
+        return Outcome(state, accepted=False, reason="duplicate", duplicate=True)
+    if isinstance(event, RolloutEnqueued):
+        return _enqueued(state, event)
+    if state is None:
+        return _reject(None, event, f"unknown rollout {event.rollout_id}")
+    if isinstance(event, AttemptStarted):
+        return _attempt_started(state, event)
+    if isinstance(event, AttemptHeartbeat):
+        return _heartbeat(state, event)
+    if isinstance(event, AttemptStatusChanged):
+        return _attempt_status(state, event)
+    if isinstance(event, RolloutStatusChanged):
+        return _rollout_status(state, event)
+    return _reject(state, event, f"{type(event).__name__} is not a lifecycle event")
+
+
+def _enqueued(state: RolloutState | None, ev: RolloutEnqueued) -> Outcome:
+    if state is not None:
+        return _reject(state, ev, f"rollout {ev.rollout_id} already exists")
+    new = RolloutState(
+        rollout_id=ev.rollout_id, version=1, input=ev.input, start_time=ev.start_time, mode=ev.mode,
+        resources_id=ev.resources_id, status="queuing", config=ev.config, metadata=ev.metadata,
+        producers={ev.meta.producer_id: ev.meta.producer_seq}, updated_ns=ev.meta.timestamp_ns,
+    )
+    return Outcome(new, accepted=True, offer=Offer(1))
+
+
+def _attempt_started(state: RolloutState, ev: AttemptStarted) -> Outcome:
+    expected = len(state.attempts) + 1
+    if state.status not in QUEUING:
+        return _reject(state, ev, f"claim rejected: rollout is {state.status}, not on offer")
+    if ev.sequence_id != expected:
+        return _reject(state, ev, f"claim rejected: attempt {ev.sequence_id} claimed, next is {expected}")
+    if state.attempt(ev.attempt_id) is not None:
+        return _reject(state, ev, f"claim rejected: attempt id {ev.attempt_id} already used")
+    attempt = AttemptState(attempt_id=ev.attempt_id, sequence_id=ev.sequence_id, start_time=ev.start_time,
+                           worker_id=ev.worker_id)
+    return _accept(state, ev, attempts=state.attempts + (attempt,), status="preparing")
+
+
+def _heartbeat(state: RolloutState, ev: AttemptHeartbeat) -> Outcome:
+    attempt = state.attempt(ev.attempt_id)
+    if attempt is None:
+        return _reject(state, ev, f"unknown attempt {ev.attempt_id}")
+    beat = max(ev.time, attempt.last_heartbeat_time or ev.time)
+    status = "running" if attempt.status in {"preparing", "unresponsive"} else attempt.status
+    attempt = attempt.model_copy(update={"last_heartbeat_time": beat, "status": status})
+    rollout_status = state.status
+    if attempt is not None and state.latest_attempt and state.latest_attempt.attempt_id == attempt.attempt_id:
+        if state.status in {"preparing", "requeuing"} and attempt.status == "running":
+            rollout_status = "running"
+    return _accept(state, ev, attempts=_replace_attempt(state, attempt), status=rollout_status)
+
+
+def _attempt_status(state: RolloutState, ev: AttemptStatusChanged) -> Outcome:
+    attempt = state.attempt(ev.attempt_id)
+    if attempt is None:
+        return _reject(state, ev, f"unknown attempt {ev.attempt_id}")
+    if attempt.status in ATTEMPT_TERMINAL:
+        return _reject(state, ev, f"attempt {ev.attempt_id} already {attempt.status}")
+    is_latest = state.latest_attempt is not None and state.latest_attempt.attempt_id == ev.attempt_id
+    if is_latest and state.status in FINISHED:
+        return _reject(state, ev, f"rollout already {state.status}")
+    updated = attempt.model_copy(update={
+        "status": ev.status,
+        "end_time": ev.time if ev.status in ATTEMPT_TERMINAL else attempt.end_time,
+        "error": ev.error if ev.error is not None else attempt.error,
+        "worker_id": ev.worker_id or attempt.worker_id,
+    })
+    changes: dict[str, object] = {"attempts": _replace_attempt(state, updated)}
+    offer = None
+    if is_latest:
+        status = rollout_status_from_attempt(state, updated)
+        changes["status"] = status
+        if status in FINISHED:
+            changes["end_time"] = ev.time
+        if status == "requeuing" and state.status != "requeuing":
+            offer = Offer(len(state.attempts) + 1)
+    return _accept(state, ev, offer, **changes)
+
+
+def _rollout_status(state: RolloutState, ev: RolloutStatusChanged) -> Outcome:
+    if state.status in FINISHED:
+        return _reject(state, ev, f"rollout already {state.status}; terminal states are final")
+    changes: dict[str, object] = {"status": ev.status}
+    if ev.status in FINISHED:
+        changes["end_time"] = ev.time
+    offer = None
+    if ev.status in QUEUING and state.status not in QUEUING:
+        offer = Offer(len(state.attempts) + 1)
+    return _accept(state, ev, offer, **changes)
+
+
+__all__ = ["apply", "Outcome", "Offer", "rollout_status_from_attempt", "RUNNING"]

@@ -1,0 +1,80 @@
+"""Rollout state as the fold builds it: immutable values, replaced (never mutated) by each applied event."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from litstream.schemas.events import AttemptSnapshot, AvroRolloutConfig, RolloutSnapshot
+from litstream.schemas.models import Attempt, AttemptedRollout, AttemptStatus, Rollout, RolloutMode, RolloutStatus
+
+
+class AttemptState(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    attempt_id: str
+    sequence_id: int
+    start_time: float
+    end_time: float | None = None
+    status: AttemptStatus = "preparing"
+    worker_id: str | None = None
+    last_heartbeat_time: float | None = None
+    error: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class RolloutState(BaseModel):
+    """One rollout and its attempts after ``version`` accepted events.
+
+    ``producers`` holds the last sequence number seen from each producer of this rollout's events: an event at
+    or below it is a redelivery and changes nothing.
+    """
+
+    model_config = ConfigDict(frozen=True)
+    rollout_id: str
+    version: int
+    input: Any
+    start_time: float
+    end_time: float | None = None
+    mode: RolloutMode | None = None
+    resources_id: str | None = None
+    status: RolloutStatus = "queuing"
+    config: AvroRolloutConfig = Field(default_factory=AvroRolloutConfig)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    attempts: tuple[AttemptState, ...] = ()
+    producers: dict[str, int] = Field(default_factory=dict)
+    updated_ns: int = 0
+
+    @property
+    def latest_attempt(self) -> AttemptState | None:
+        return self.attempts[-1] if self.attempts else None
+
+    def attempt(self, attempt_id: str) -> AttemptState | None:
+        for a in self.attempts:
+            if a.attempt_id == attempt_id:
+                return a
+        return None
+
+    def snapshot(self) -> RolloutSnapshot:
+        return RolloutSnapshot(
+            rollout_id=self.rollout_id, version=self.version, input=self.input, start_time=self.start_time,
+            end_time=self.end_time, mode=self.mode, resources_id=self.resources_id, status=self.status,
+            config=self.config, metadata=self.metadata, updated_ns=self.updated_ns,
+            attempts=[AttemptSnapshot(**a.model_dump()) for a in self.attempts],
+        )
+
+
+def rollout_from_snapshot(snap: RolloutSnapshot) -> Rollout | AttemptedRollout:
+    """The reference's view of a snapshot: the rollout with its latest attempt attached, if any."""
+    base: dict[str, Any] = dict(
+        rollout_id=snap.rollout_id, input=snap.input, start_time=snap.start_time, end_time=snap.end_time,
+        mode=snap.mode, resources_id=snap.resources_id, status=snap.status,
+        config=snap.config.model_dump(), metadata=snap.metadata,
+    )
+    if not snap.attempts:
+        return Rollout(**base)
+    a = snap.attempts[-1]
+    attempt = Attempt(rollout_id=snap.rollout_id, attempt_id=a.attempt_id, sequence_id=a.sequence_id,
+                      start_time=a.start_time, end_time=a.end_time, status=a.status, worker_id=a.worker_id,
+                      last_heartbeat_time=a.last_heartbeat_time, metadata=a.metadata)
+    return AttemptedRollout(**base, attempt=attempt)

@@ -1,0 +1,57 @@
+"""Producing events: validated records, encoded with the codec, keyed, sent with the idempotent producer."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from litstream.infra.kafka import flush_or_raise, producer
+from litstream.infra.settings import Settings
+from litstream.infra.topics import Topics
+from litstream.schemas.codec import Codec, default_codec
+from litstream.schemas.events import AvroModel, EventFactory
+
+log = logging.getLogger("litstream.producer")
+
+
+class EventProducer:
+    """One Kafka producer per process, shared by every emitter in it (thread-safe)."""
+
+    def __init__(self, settings: Settings, role: str = "client", codec: Codec | None = None,
+                 **producer_overrides: Any) -> None:
+        self.settings = settings
+        self.topics = Topics(settings.topic_prefix)
+        self.codec = codec or default_codec(settings.schema_registry_url)
+        self.factory = EventFactory(settings.producer_id, role=role)
+        self._errors: list[str] = []
+        self._producer = producer(settings, **producer_overrides)
+
+    @property
+    def producer_id(self) -> str:
+        return self.factory.producer_id
+
+    def _on_delivery(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self._errors.append(f"{msg.topic()}: {err}")
+            log.error("delivery to %s failed: %s", msg.topic(), err)
+
+    def send(self, topic: str, record: AvroModel) -> None:
+        """Encode and enqueue ``record``; the key is the record's own (rollout id, resources id, group id)."""
+        value = self.codec.encode(record)
+        key = str(getattr(record, "key")).encode()
+        while True:
+            try:
+                self._producer.produce(topic, key=key, value=value, on_delivery=self._on_delivery)
+                break
+            except BufferError:  # local queue full: serve delivery reports, then retry (back-pressure)
+                self._producer.poll(0.1)
+        self._producer.poll(0)
+
+    def flush(self, timeout: float = 30.0) -> None:
+        flush_or_raise(self._producer, timeout)
+        if self._errors:
+            errors, self._errors = self._errors, []
+            raise RuntimeError(f"{len(errors)} events were not delivered: {errors[:3]}")
+
+    def close(self) -> None:
+        self.flush()

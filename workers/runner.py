@@ -1,0 +1,161 @@
+"""The runner: takes rollouts on offer, claims them, runs the agent, reports the outcome.
+
+One Kafka consumer per runner process reads ``rollout-offers`` (its group splits the partitions between runner
+processes) and hands claimed rollouts to ``concurrency`` agent slots. An offer's offset is committed once the claim
+is durable: from then on the attempt's own lifecycle (heartbeats, timeouts, retries) takes over, so a runner that
+dies mid-attempt loses nothing — the attempt goes unresponsive and the rollout is retried per its config.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError, TopicPartition
+
+from litstream.infra import health
+from litstream.infra.kafka import consumer
+from litstream.infra.settings import Settings
+from litstream.schemas.codec import DecodeError
+from litstream.schemas.events import AttemptStarted, RolloutOffered
+from litstream.schemas.models import new_attempt_id
+from litstream.streams.deadletter import DeadLetter
+
+from .producer import EventProducer
+from .sdk import AttemptContext
+
+log = logging.getLogger("litstream.runner")
+ROLE = "runner"
+
+
+@dataclass(frozen=True)
+class Task:
+    """What an agent function receives."""
+
+    rollout_id: str
+    attempt_id: str
+    input: Any
+    mode: str | None
+    resources_id: str | None
+    metadata: dict[str, Any]
+
+
+AgentFn = Callable[[Task, AttemptContext], float | None]
+
+
+class Runner:
+    def __init__(self, settings: Settings, agent: AgentFn, concurrency: int = 1, heartbeat_s: float = 5.0) -> None:
+        self.settings = settings
+        self.agent = agent
+        self.concurrency = concurrency
+        self.heartbeat_s = heartbeat_s
+        self.events = EventProducer(settings, role=ROLE)
+        self.worker_id = self.events.producer_id
+        self.stop_event = threading.Event()
+        self.stats = {"claimed": 0, "succeeded": 0, "failed": 0, "spans": 0}
+        self._slots = threading.Semaphore(concurrency)
+        self._stats_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="agent")
+        self._inflight: set[Future[None]] = set()
+
+    def run(self, max_rollouts: int | None = None) -> None:
+        """Serve offers until stopped (or ``max_rollouts`` attempts were claimed); then drain in-flight attempts."""
+        c = consumer(self.settings, group_id=f"{self.settings.topic_prefix}-runners",
+                     **{"max.poll.interval.ms": 600_000})
+        c.subscribe([self.events.topics.offers])
+        paused = False
+        last_beat = 0.0
+        try:
+            while not self.stop_event.is_set():
+                if max_rollouts is not None and self.stats["claimed"] >= max_rollouts:
+                    break
+                if time.monotonic() - last_beat > 2.0:
+                    health.beat(self.settings.data_dir, ROLE, **self.stats)
+                    last_beat = time.monotonic()
+                # Back-pressure: with every slot busy, pause fetching but keep polling (group membership).
+                free = self._slots.acquire(blocking=False)
+                if not free:
+                    if not paused and c.assignment():
+                        c.pause(c.assignment())
+                        paused = True
+                    c.poll(0.1)
+                    continue
+                if paused:
+                    c.resume(c.assignment())
+                    paused = False
+                msg = c.poll(0.5)
+                if msg is None or (msg.error() and msg.error().code() == KafkaError._PARTITION_EOF):
+                    self._slots.release()
+                    continue
+                if msg.error():
+                    log.warning("offers consumer: %s", msg.error())
+                    self._slots.release()
+                    continue
+                started = self._claim(msg.value(), msg.topic(), msg.partition(), msg.offset(), msg.key())
+                c.commit(offsets=[TopicPartition(msg.topic(), msg.partition(), msg.offset() + 1)], asynchronous=False)
+                if started is None:
+                    self._slots.release()
+        finally:
+            self._drain()
+            c.close()
+            health.beat(self.settings.data_dir, ROLE, stopped=True, **self.stats)
+
+    def _claim(self, value: bytes | None, topic: str, partition: int, offset: int, key: bytes | None) -> Future[None] | None:
+        try:
+            offer = self.events.codec.decode_as(value, RolloutOffered)
+        except DecodeError as exc:
+            letter = DeadLetter(topic, partition, offset, key, value, exc.reason, ROLE, "decode")
+            self.events._producer.produce(letter.topic, key=key, value=value, headers=letter.headers())
+            self.events.flush()
+            return None
+        attempt_id = new_attempt_id()
+        claim = AttemptStarted(meta=self.events.factory.meta(offer.rollout_id), attempt_id=attempt_id,
+                               sequence_id=offer.attempt_sequence, start_time=time.time(), worker_id=self.worker_id)
+        self.events.send(self.events.topics.rollout_events, claim)
+        self.events.flush()  # the claim is durable before the offer is committed
+        with self._stats_lock:
+            self.stats["claimed"] += 1
+        task = Task(offer.rollout_id, attempt_id, offer.input, offer.mode, offer.resources_id, offer.metadata)
+        fut = self._pool.submit(self._run_attempt, task)
+        self._inflight.add(fut)
+        fut.add_done_callback(self._inflight.discard)
+        return fut
+
+    def _run_attempt(self, task: Task) -> None:
+        ctx = AttemptContext(self.events, task.rollout_id, task.attempt_id, resources_id=task.resources_id,
+                             worker_id=self.worker_id)
+        stop_beats = threading.Event()
+        beats = threading.Thread(target=self._beat_attempt, args=(ctx, stop_beats), daemon=True)
+        try:
+            ctx.heartbeat()  # the attempt is running
+            beats.start()
+            reward = self.agent(task, ctx)
+            if reward is not None:
+                ctx.emit_reward(reward)
+            ctx.finish("succeeded")
+            outcome = "succeeded"
+        except Exception as exc:  # the agent's failure is the attempt's failure, recorded with its error
+            log.warning("attempt %s of %s failed: %s", task.attempt_id, task.rollout_id, exc)
+            ctx.finish("failed", error="".join(traceback.format_exception_only(exc)).strip()[:4000])
+            outcome = "failed"
+        finally:
+            stop_beats.set()
+            self._slots.release()
+        self.events.flush()
+        with self._stats_lock:
+            self.stats[outcome] += 1
+            self.stats["spans"] += ctx.spans_emitted
+
+    def _beat_attempt(self, ctx: AttemptContext, stop: threading.Event) -> None:
+        while not stop.wait(self.heartbeat_s):
+            ctx.heartbeat()
+
+    def _drain(self) -> None:
+        self._pool.shutdown(wait=True)
+        self.events.flush()

@@ -1,0 +1,129 @@
+"""The agent-side SDK: inside an attempt, record spans and rewards as events on Kafka.
+
+Values are validated when the call is made, so a bad value raises at the call site instead of poisoning a topic.
+Span names and attribute keys follow the reference (e.g. rewards are ``agentlightning.annotation`` spans with
+``agentlightning.reward.0.name`` / ``.value``).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import math
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from litstream.schemas.events import (
+    AttemptHeartbeat,
+    AttemptStatusChanged,
+    AttrValue,
+    ResourceRecord,
+    SpanRecorded,
+)
+
+from .producer import EventProducer
+
+REWARD_SPAN = "agentlightning.annotation"
+_current_span: contextvars.ContextVar["SpanHandle | None"] = contextvars.ContextVar("litstream_span", default=None)
+
+
+@dataclass
+class SpanHandle:
+    """An open span: set attributes on it; it is recorded when its ``with`` block ends."""
+
+    name: str
+    span_id: str
+    parent_id: str | None
+    start_time_ns: int
+    attributes: dict[str, AttrValue] = field(default_factory=dict)
+    status_code: str = "UNSET"
+    status_message: str | None = None
+
+    def set_attribute(self, key: str, value: AttrValue) -> None:
+        self.attributes[key] = value
+
+    def set_attributes(self, attributes: dict[str, AttrValue]) -> None:
+        self.attributes.update(attributes)
+
+
+class AttemptContext:
+    """Everything an agent emits during one attempt is stamped with its rollout, attempt and a sequence id."""
+
+    def __init__(self, producer: EventProducer, rollout_id: str, attempt_id: str, *, resources_id: str | None = None,
+                 worker_id: str | None = None, first_sequence_id: int = 1, service_name: str = "litstream-agent") -> None:
+        self.producer = producer
+        self.rollout_id = rollout_id
+        self.attempt_id = attempt_id
+        self.resources_id = resources_id
+        self.worker_id = worker_id
+        self.trace_id = secrets.token_hex(16)
+        self._next_seq = first_sequence_id
+        self._lock = threading.Lock()
+        self.resource = ResourceRecord(attributes={"service.name": service_name,
+                                                   "agentlightning.rollout_id": rollout_id,
+                                                   "agentlightning.attempt_id": attempt_id})
+        self.spans_emitted = 0
+
+    def _sequence_id(self) -> int:
+        with self._lock:
+            seq = self._next_seq
+            self._next_seq += 1
+            return seq
+
+    # -- spans --
+    @contextmanager
+    def span(self, name: str, attributes: dict[str, AttrValue] | None = None) -> Iterator[SpanHandle]:
+        parent = _current_span.get()
+        handle = SpanHandle(name=name, span_id=secrets.token_hex(8), parent_id=parent.span_id if parent else None,
+                            start_time_ns=time.time_ns(), attributes=dict(attributes or {}))
+        token = _current_span.set(handle)
+        try:
+            yield handle
+        except BaseException as exc:
+            handle.status_code, handle.status_message = "ERROR", f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            _current_span.reset(token)
+            self._record(handle, time.time_ns())
+
+    def _record(self, h: SpanHandle, end_ns: int) -> None:
+        span = SpanRecorded(
+            meta=self.producer.factory.meta(self.rollout_id), attempt_id=self.attempt_id,
+            sequence_id=self._sequence_id(), trace_id=self.trace_id, span_id=h.span_id, parent_id=h.parent_id,
+            name=h.name, status_code=h.status_code, status_message=h.status_message,  # type: ignore[arg-type]
+            start_time_ns=h.start_time_ns, end_time_ns=end_ns, attributes=h.attributes, resource=self.resource,
+            scope_name="litstream.sdk", resources_id=self.resources_id,
+        )
+        self.producer.send(self.producer.topics.spans, span)
+        self.spans_emitted += 1
+
+    def emit_reward(self, value: float, name: str = "primary") -> None:
+        """Record a scalar reward as the reference does: a reward annotation span."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"reward must be a finite number, got {value!r}")
+        with self.span(REWARD_SPAN, {"agentlightning.reward.0.name": name,
+                                     "agentlightning.reward.0.value": float(value)}):
+            pass
+
+    # -- lifecycle --
+    def heartbeat(self) -> None:
+        self.producer.send(self.producer.topics.rollout_events, AttemptHeartbeat(
+            meta=self.producer.factory.meta(self.rollout_id), attempt_id=self.attempt_id, time=time.time(),
+            worker_id=self.worker_id))
+
+    def finish(self, status: str, error: str | None = None) -> None:
+        self.producer.send(self.producer.topics.rollout_events, AttemptStatusChanged(
+            meta=self.producer.factory.meta(self.rollout_id), attempt_id=self.attempt_id, status=status,  # type: ignore[arg-type]
+            time=time.time(), worker_id=self.worker_id, error=error))
+
+
+def current_span() -> SpanHandle | None:
+    return _current_span.get()
+
+
+def _unused(*_: Any) -> None:  # keeps the public re-exports explicit for type checkers
+    return None
