@@ -88,6 +88,11 @@ class ClickHouse:
             if owner is not None and owner.get("pid") != os.getpid():
                 raise ChdbLockedError(_locked_message(self.path, owner))
             self.path.mkdir(parents=True, exist_ok=True)
+            try:
+                import chdb  # noqa: F401
+            except ImportError:
+                raise RuntimeError("a chdb:// DSN needs chDB: pip install 'litstream[local]', or set "
+                                   "LITSTREAM_CLICKHOUSE_DSN=http://user:password@host:8123/db") from None
         try:
             self.client: Client = clickhouse_connect.get_client(dsn=dsn)
         except Exception as exc:

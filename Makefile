@@ -1,0 +1,33 @@
+# litstream: `make demo` runs the main job on the embedded stack, `make test` runs the test suite.
+PY ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: install demo test bench compose-check up clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+demo: install
+	OMP_NUM_THREADS=1 $(BIN)/litstream demo $(ARGS)
+
+test: install
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(ARGS)
+
+bench: install
+	OMP_NUM_THREADS=1 $(BIN)/python -m litstream.bench $(ARGS)
+
+compose-check: install
+	$(BIN)/python infra/compose_check.py docker-compose.yml
+
+up: install
+	$(BIN)/litstream up
+
+clean:
+	rm -rf $(VENV) .litstream .pytest_cache bench/results *.egg-info

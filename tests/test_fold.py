@@ -1,0 +1,136 @@
+"""The pure fold: lifecycle rules, claims, retries, idempotence. No broker needed: this is pure logic."""
+
+from __future__ import annotations
+
+from litstream.schemas.events import (
+    AttemptHeartbeat,
+    AttemptStarted,
+    AttemptStatusChanged,
+    EventFactory,
+    RolloutEnqueued,
+    RolloutStatusChanged,
+)
+from litstream.streams.fold import Offer, apply
+from litstream.streams.state import RolloutState
+
+RID = "ro-fold00000001"
+
+
+class Log:
+    """Builds events from one producer and folds them, as the processor would."""
+
+    def __init__(self) -> None:
+        self.f = EventFactory(role="test")
+        self.state: RolloutState | None = None
+
+    def fold(self, event):  # type: ignore[no-untyped-def]
+        out = apply(self.state, event)
+        self.state = out.state
+        return out
+
+    def enqueue(self, **config):  # type: ignore[no-untyped-def]
+        return RolloutEnqueued(meta=self.f.meta(RID), input={"q": 1}, start_time=1.0, config=config)
+
+    def claim(self, seq: int, attempt_id: str):  # type: ignore[no-untyped-def]
+        return AttemptStarted(meta=self.f.meta(RID), attempt_id=attempt_id, sequence_id=seq, start_time=2.0)
+
+    def beat(self, attempt_id: str, t: float = 3.0):  # type: ignore[no-untyped-def]
+        return AttemptHeartbeat(meta=self.f.meta(RID), attempt_id=attempt_id, time=t)
+
+    def attempt(self, attempt_id: str, status: str, t: float = 4.0):  # type: ignore[no-untyped-def]
+        return AttemptStatusChanged(meta=self.f.meta(RID), attempt_id=attempt_id, status=status, time=t)  # type: ignore[arg-type]
+
+    def rollout(self, status: str, t: float = 5.0):  # type: ignore[no-untyped-def]
+        return RolloutStatusChanged(meta=self.f.meta(RID), status=status, time=t)  # type: ignore[arg-type]
+
+
+def test_happy_path() -> None:
+    log = Log()
+    out = log.fold(log.enqueue())
+    assert out.accepted and out.offer == Offer(1) and log.state.status == "queuing"  # type: ignore[union-attr]
+    assert log.fold(log.claim(1, "at-a")).accepted
+    assert log.state.status == "preparing"  # type: ignore[union-attr]
+    log.fold(log.beat("at-a"))
+    assert log.state.status == "running" and log.state.attempts[0].status == "running"  # type: ignore[union-attr]
+    assert log.state.attempts[0].last_heartbeat_time == 3.0  # type: ignore[union-attr]
+    log.fold(log.attempt("at-a", "succeeded", t=9.0))
+    s = log.state
+    assert s is not None and s.status == "succeeded" and s.end_time == 9.0 and s.attempts[0].end_time == 9.0
+    assert s.version == 4
+
+
+def test_second_claim_for_the_same_offer_is_rejected() -> None:
+    log = Log()
+    log.fold(log.enqueue())
+    assert log.fold(log.claim(1, "at-a")).accepted
+    out = log.fold(log.claim(1, "at-b"))
+    assert not out.accepted and "claim rejected" in (out.reason or "")
+    assert [a.attempt_id for a in log.state.attempts] == ["at-a"]  # type: ignore[union-attr]
+
+
+def test_retry_then_fail_after_max_attempts() -> None:
+    log = Log()
+    log.fold(log.enqueue(max_attempts=2, retry_condition=["failed"]))
+    log.fold(log.claim(1, "at-a"))
+    out = log.fold(log.attempt("at-a", "failed"))
+    assert log.state.status == "requeuing" and out.offer == Offer(2)  # type: ignore[union-attr]
+    assert log.state.end_time is None  # type: ignore[union-attr]
+    assert not log.fold(log.claim(1, "at-x")).accepted  # stale claim for the first offer
+    assert log.fold(log.claim(2, "at-b")).accepted
+    log.fold(log.attempt("at-b", "failed", t=7.0))
+    assert log.state.status == "failed" and log.state.end_time == 7.0  # type: ignore[union-attr]
+
+
+def test_status_outside_retry_condition_fails() -> None:
+    log = Log()
+    log.fold(log.enqueue(max_attempts=3, retry_condition=["timeout"]))
+    log.fold(log.claim(1, "at-a"))
+    log.fold(log.attempt("at-a", "failed"))
+    assert log.state.status == "failed"  # type: ignore[union-attr]
+
+
+def test_terminal_states_are_final() -> None:
+    log = Log()
+    log.fold(log.enqueue())
+    log.fold(log.claim(1, "at-a"))
+    log.fold(log.rollout("cancelled"))
+    assert log.state.status == "cancelled"  # type: ignore[union-attr]
+    out = log.fold(log.attempt("at-a", "succeeded"))
+    assert not out.accepted and log.state.status == "cancelled"  # type: ignore[union-attr]
+    assert not log.fold(log.rollout("queuing")).accepted
+
+
+def test_redelivery_changes_nothing() -> None:
+    log = Log()
+    events = [log.enqueue(), log.claim(1, "at-a"), log.beat("at-a"), log.attempt("at-a", "succeeded")]
+    for e in events:
+        log.fold(e)
+    final = log.state
+    for e in events:  # the whole log again, as after a crash before the offsets were committed
+        out = log.fold(e)
+        assert out.duplicate and not out.accepted
+    assert log.state == final
+
+
+def test_events_for_unknown_rollouts_and_attempts_are_rejected() -> None:
+    log = Log()
+    out = log.fold(log.beat("at-a"))
+    assert not out.accepted and "unknown rollout" in (out.reason or "") and log.state is None
+    log.fold(log.enqueue())
+    out = log.fold(log.attempt("at-nope", "succeeded"))
+    assert not out.accepted and "unknown attempt" in (out.reason or "")
+
+
+def test_enqueue_twice_is_rejected() -> None:
+    log = Log()
+    log.fold(log.enqueue())
+    out = log.fold(log.enqueue())
+    assert not out.accepted and "already exists" in (out.reason or "")
+
+
+def test_snapshot_carries_the_state() -> None:
+    log = Log()
+    log.fold(log.enqueue())
+    log.fold(log.claim(1, "at-a"))
+    snap = log.state.snapshot()  # type: ignore[union-attr]
+    assert snap.rollout_id == RID and snap.version == 2 and snap.attempts[0].attempt_id == "at-a"
