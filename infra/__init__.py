@@ -1,1 +1,1 @@
-"""placeholder"""
+"""Settings, topics, Kafka and ClickHouse access, the embedded stack and the CLI."""

@@ -1,1 +1,1 @@
-"""placeholder"""
+"""Avro schemas, event models, the reference data model and the codec."""

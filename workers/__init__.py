@@ -1,1 +1,1 @@
-"""placeholder"""
+"""The agent side: SDK, producer, runner and the HTTP gateway."""

@@ -1,0 +1,57 @@
+"""``python -m litstream.bench [--only NAME] [--quick] [--no-agl]``: run benchmarks, print a table, save JSON."""
+
+from __future__ import annotations
+
+import os
+
+# Before anything imports a numeric library: one thread each, so the rates are per core and comparable.
+os.environ["OMP_NUM_THREADS"] = "1"
+
+import argparse  # noqa: E402
+import importlib  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from rich.console import Console  # noqa: E402
+
+from .harness import BENCHMARKS, RESULTS_DIR, Context, machine, print_machine, print_report, save  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m litstream.bench", description=__doc__)
+    parser.add_argument("--only", action="append", choices=sorted(BENCHMARKS), metavar="NAME",
+                        help=f"run only this benchmark (repeatable): {', '.join(sorted(BENCHMARKS))}")
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes and one repeat: a smoke test, not numbers to quote")
+    parser.add_argument("--no-agl", action="store_true",
+                        help="skip the Agent Lightning baseline (and building its virtualenv)")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help=f"where to save (default {RESULTS_DIR})")
+    args = parser.parse_args(argv)
+
+    console = Console()
+    if not console.is_terminal:  # piped (make, CI logs): wide enough that rows do not wrap
+        console = Console(width=150)
+    m = machine()
+    print_machine(console, m)
+    ctx = Context(quick=args.quick, agl=not args.no_agl, console=console)
+    failed = []
+    for name in args.only or list(BENCHMARKS):
+        module = importlib.import_module(BENCHMARKS[name])
+        console.rule(f"[bold]{name}[/]: {module.TITLE}" + (" (--quick)" if args.quick else ""))
+        start = time.perf_counter()
+        try:
+            report = module.run(ctx)
+        except Exception as exc:  # one broken benchmark should not hide the others' numbers
+            console.print(f"[red]{name} failed:[/] {type(exc).__name__}: {exc}")
+            failed.append(name)
+            continue
+        elapsed = time.perf_counter() - start
+        print_report(console, f"{name} ({elapsed:.0f} s)", report)
+        path = save(args.results_dir, name, m, report, quick=args.quick, elapsed_s=elapsed)
+        console.print(f"saved {path}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

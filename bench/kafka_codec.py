@@ -1,0 +1,274 @@
+"""kafka_codec: what one Python process pushes through the Avro codec, the broker and EventProducer.send.
+
+1. the codec alone (Codec(), single-object encoding): encode and decode of SpanRecorded and RolloutEnqueued;
+2. the broker alone: pre-encoded span values produced through the embedded broker (Tansu, 4 partitions) with the
+   project's producer settings, flushed, then read back to the end;
+3. EventProducer.send (encode + produce + flush) of the same span events;
+4. for reference, Agent Lightning 0.3.0's InMemoryLightningStore with the same span contents (add_span one by one,
+   add_many_spans in batches), run in its own virtualenv.
+
+Events are built before timing starts: the rows measure the codec and the clients, not pydantic construction.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from litstream.infra.broker import EmbeddedBroker
+from litstream.infra.kafka import create_topics, flush_or_raise, producer, read_to_end
+from litstream.infra.settings import Settings
+from litstream.infra.topics import Topics
+from litstream.schemas.codec import Codec
+from litstream.schemas.events import (
+    AvroRolloutConfig,
+    EventFactory,
+    ResourceRecord,
+    RolloutEnqueued,
+    SpanEventRecord,
+    SpanRecorded,
+)
+from litstream.schemas.models import new_attempt_id, new_resources_id, new_rollout_id
+from litstream.workers.producer import EventProducer
+
+from .harness import AGL_REQUIREMENT, Context, Report, Row, rate_row, repeat, run_agl_reference, timed
+
+TITLE = "codec, broker and EventProducer rates, with Agent Lightning 0.3.0's in-memory store for reference"
+PARTITIONS = 4
+ROLLOUTS = 50  # spans are spread over this many rollouts (keys), as from a batch of concurrent agents
+VARIANTS = 16  # distinct span contents, cycled; ids and times are unique per span
+
+
+@dataclass(frozen=True)
+class Sizes:
+    spans: int
+    enqueued: int
+    repeats: int
+    agl_rollouts: int
+    agl_spans_per_rollout: int
+    agl_batch: int
+
+
+# Full: ~1 s per timed codec/broker repeat on one core, so three repeats of every row stay well inside 2 minutes.
+FULL = Sizes(spans=20_000, enqueued=20_000, repeats=3, agl_rollouts=50, agl_spans_per_rollout=100, agl_batch=50)
+QUICK = Sizes(spans=500, enqueued=500, repeats=1, agl_rollouts=5, agl_spans_per_rollout=50, agl_batch=50)
+
+_WORDS = ("the a of to and in is that it for on with as was at by be this from or an are not have which "
+          "number total each apples cost dollars left after more than twice half per day week she he they "
+          "buys sells gives has had how many much price step first then so answer therefore we compute").split()
+
+
+def _text(rng: random.Random, nbytes: int) -> str:
+    words: list[str] = []
+    size = 0
+    while size < nbytes:
+        word = rng.choice(_WORDS)
+        words.append(word)
+        size += len(word) + 1
+    return " ".join(words)
+
+
+def span_variants(n: int = VARIANTS, seed: int = 7) -> list[dict[str, Any]]:
+    """LLM-call spans as an instrumented OpenAI client records them (gen_ai.* conventions), as plain JSON, so
+    the Agent Lightning script builds spans with the very same contents."""
+    rng = random.Random(seed)
+    out: list[dict[str, Any]] = []
+    for i in range(n):
+        attributes: dict[str, Any] = {
+            "gen_ai.system": "openai",
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": "Qwen/Qwen2.5-1.5B-Instruct",
+            "gen_ai.response.model": "Qwen/Qwen2.5-1.5B-Instruct",
+            "gen_ai.request.temperature": 0.7,
+            "gen_ai.request.top_p": 0.95,
+            "gen_ai.request.max_tokens": 512,
+            "gen_ai.response.id": f"chatcmpl-{rng.getrandbits(96):024x}",
+            "gen_ai.response.finish_reasons": ["stop"],
+            "gen_ai.usage.input_tokens": rng.randint(120, 400),
+            "gen_ai.usage.output_tokens": rng.randint(40, 200),
+            "gen_ai.prompt.0.role": "system",
+            "gen_ai.prompt.0.content": "You are a careful math tutor. Think step by step and write the final "
+                                       "answer after '####'.",
+            "gen_ai.prompt.1.role": "user",
+            "gen_ai.prompt.1.content": _text(rng, rng.randint(200, 400)),
+            "gen_ai.completion.0.role": "assistant",
+            "gen_ai.completion.0.content": _text(rng, rng.randint(250, 500)),
+        }
+        duration_ns = rng.randint(200_000_000, 3_000_000_000)
+        events = [{"name": "gen_ai.content.prompt", "offset_ns": 1_000_000,
+                   "attributes": {"gen_ai.prompt": _text(rng, 80)}}]
+        if i % 2:
+            events.append({"name": "gen_ai.choice", "offset_ns": duration_ns - 1_000,
+                           "attributes": {"index": 0, "finish_reason": "stop"}})
+        out.append({"name": "openai.chat.completion", "duration_ns": duration_ns, "attributes": attributes,
+                    "events": events, "resource": {"service.name": "litstream-agent"}})
+    return out
+
+
+def build_spans(n: int, variants: list[dict[str, Any]], factory: EventFactory) -> list[SpanRecorded]:
+    """n SpanRecorded events, round-robin over ROLLOUTS rollouts (so over every partition)."""
+    rollouts = [(new_rollout_id(), new_attempt_id(), secrets.token_hex(16), secrets.token_hex(8))
+                for _ in range(ROLLOUTS)]
+    now_ns = time.time_ns()
+    spans = []
+    for i in range(n):
+        v = variants[i % len(variants)]
+        rollout_id, attempt_id, trace_id, root_id = rollouts[i % ROLLOUTS]
+        start_ns = now_ns + i * 1000
+        spans.append(SpanRecorded(
+            meta=factory.meta(rollout_id), attempt_id=attempt_id, sequence_id=i // ROLLOUTS + 1, trace_id=trace_id,
+            span_id=secrets.token_hex(8), parent_id=root_id, name=v["name"], kind="CLIENT", status_code="OK",
+            start_time_ns=start_ns, end_time_ns=start_ns + v["duration_ns"], attributes=v["attributes"],
+            events=[SpanEventRecord(name=e["name"], timestamp_ns=start_ns + e["offset_ns"], attributes=e["attributes"])
+                    for e in v["events"]],
+            resource=ResourceRecord(attributes={**v["resource"], "agentlightning.rollout_id": rollout_id,
+                                                "agentlightning.attempt_id": attempt_id}),
+            scope_name="litstream.sdk", scope_version="0.1.0",
+        ))
+    return spans
+
+
+def build_enqueued(n: int, factory: EventFactory, seed: int = 11) -> list[RolloutEnqueued]:
+    """Rollouts of a GSM8K-like task: a few hundred bytes of question, a retry policy, some metadata."""
+    rng = random.Random(seed)
+    resources_id = new_resources_id()
+    config = AvroRolloutConfig(timeout_seconds=300.0, unresponsive_seconds=60.0, max_attempts=3,
+                               retry_condition=["timeout", "unresponsive"])
+    questions = [_text(rng, rng.randint(150, 350)) for _ in range(VARIANTS)]
+    return [RolloutEnqueued(
+        meta=factory.meta(new_rollout_id()),
+        input={"id": f"gsm8k-train-{i}", "question": questions[i % VARIANTS], "answer": str(rng.randint(1, 999))},
+        start_time=time.time(), mode="train", resources_id=resources_id, config=config,
+        metadata={"dataset": "gsm8k", "epoch": 1, "group_id": f"g-{i // 8}"},
+    ) for i in range(n)]
+
+
+# --- the rows -----------------------------------------------------------------------------------------------
+
+
+def codec_rows(label: str, records: list[Any], codec: Codec, repeats: int) -> tuple[list[Row], list[bytes]]:
+    blobs = [codec.encode(r) for r in records]  # also warms fastavro's per-schema caches
+    nbytes = sum(map(len, blobs))
+    note = f"{nbytes / len(blobs):,.0f} B/msg"
+    enc = repeat(lambda: [codec.encode(r) for r in records], repeats)
+    dec = repeat(lambda: [codec.decode(b) for b in blobs], repeats)
+    return [rate_row(f"codec encode {label}", enc, len(records), nbytes, note),
+            rate_row(f"codec decode {label}", dec, len(blobs), nbytes, note)], blobs
+
+
+def _produce_raw(settings: Settings, topic: str, keys: list[bytes], values: list[bytes]) -> float:
+    """Produce and flush the pre-encoded values; the producer is built and connected before the clock starts."""
+    p = producer(settings)
+    p.list_topics(topic, timeout=10.0)  # metadata and connection up front, as in a long-running process
+
+    def run() -> None:
+        for key, value in zip(keys, values):
+            while True:
+                try:
+                    p.produce(topic, key=key, value=value)
+                    break
+                except BufferError:  # local queue full: serve delivery reports, then retry
+                    p.poll(0.05)
+            p.poll(0)
+        flush_or_raise(p, 60.0)
+
+    return timed(run)
+
+
+def _consume(settings: Settings, topic: str, expected: int) -> tuple[float, int]:
+    """Read the topic from the start to its end (consumer setup included: read_to_end builds its own)."""
+    counted = [0, 0]
+
+    def run() -> None:
+        for msg in read_to_end(settings, topic, timeout=60.0):
+            counted[0] += 1
+            counted[1] += len(msg.value() or b"")
+
+    seconds = timed(run)
+    if counted[0] != expected:
+        raise RuntimeError(f"read {counted[0]} records back from {topic}, expected {expected}")
+    return seconds, counted[1]
+
+
+def _send(settings: Settings, spans: list[SpanRecorded], warmup: RolloutEnqueued) -> float:
+    events = EventProducer(settings, role="bench")
+    events.send(events.topics.rollout_events, warmup)  # connection, metadata and producer id before the clock
+    events.flush()
+
+    def run() -> None:
+        for span in spans:
+            events.send(events.topics.spans, span)
+        events.flush(60.0)
+
+    return timed(run)
+
+
+def broker_rows(ctx: Context, sizes: Sizes, spans: list[SpanRecorded], values: list[bytes],
+                warmup: RolloutEnqueued) -> list[Row]:
+    keys = [span.key.encode() for span in spans]
+    nbytes = sum(map(len, values))
+    produce_s: list[float] = []
+    consume_s: list[float] = []
+    send_s: list[float] = []
+    ctx.step("starting the embedded broker (Tansu)")
+    with EmbeddedBroker() as broker:
+        base = f"bench-{secrets.token_hex(4)}"
+        for r in range(sizes.repeats):
+            # A fresh topic set per repeat, so each read-back reads exactly this repeat's records.
+            settings = Settings(bootstrap_servers=broker.bootstrap, topic_prefix=f"{base}-{r}", partitions=PARTITIONS)
+            create_topics(settings)
+            topic = Topics(settings.topic_prefix).spans
+            ctx.step(f"broker repeat {r + 1}/{sizes.repeats}: produce, consume, EventProducer.send")
+            produce_s.append(_produce_raw(settings, topic, keys, values))
+            seconds, consumed = _consume(settings, topic, len(values))
+            if consumed != nbytes:
+                raise RuntimeError(f"read {consumed} value bytes back, produced {nbytes}")
+            consume_s.append(seconds)
+            send_s.append(_send(settings, spans, warmup))  # into the same topic, after the read-back
+    where = f"Tansu, {PARTITIONS} partitions"
+    return [
+        rate_row(f"broker produce ({where})", produce_s, len(values), nbytes, "pre-encoded SpanRecorded, incl. flush"),
+        rate_row(f"broker consume ({where})", consume_s, len(values), nbytes, "read_to_end, incl. consumer setup"),
+        rate_row("EventProducer.send (encode+produce)", send_s, len(spans), nbytes, "SpanRecorded, incl. flush"),
+    ]
+
+
+def agl_rows(ctx: Context, sizes: Sizes, variants: list[dict[str, Any]]) -> tuple[list[Row], dict[str, Any]]:
+    name = AGL_REQUIREMENT.replace("==", " ")
+    labels = (f"{name} InMemory add_span", f"{name} InMemory add_many_spans({sizes.agl_batch})")
+    if not ctx.agl:
+        return [Row(f"{name} baseline", note="skipped (--no-agl)")], {}
+    ctx.step(f"{name} baseline in its own virtualenv")
+    config = {"variants": variants, "rollouts": sizes.agl_rollouts, "spans_per_rollout": sizes.agl_spans_per_rollout,
+              "batch": sizes.agl_batch, "repeats": sizes.repeats}
+    result = run_agl_reference(config, ctx.console)
+    if isinstance(result, str):
+        return [Row(label, note=result) for label in labels], {"agl_error": result}
+    note = (f"{result['rollouts']} rollouts x 1 attempt, same span contents; "
+            f"Python {result['python']}, pydantic {result['pydantic']}")
+    n = int(result["n"])
+    rows = [rate_row(label, result[op]["samples_s"], n, note=note)
+            for label, op in zip(labels, ("add_span", "add_many_spans"))]
+    return rows, {"agl": {k: result[k] for k in ("version", "python", "pydantic", "n", "batch", "rollouts")}}
+
+
+def run(ctx: Context) -> Report:
+    sizes = QUICK if ctx.quick else FULL
+    factory = EventFactory(role="bench")
+    codec = Codec()
+    variants = span_variants()
+    ctx.step(f"building {sizes.spans:,} SpanRecorded and {sizes.enqueued:,} RolloutEnqueued events")
+    spans = build_spans(sizes.spans, variants, factory)
+    enqueued = build_enqueued(sizes.enqueued, factory)
+
+    ctx.step("codec")
+    span_rows, span_values = codec_rows("SpanRecorded", spans, codec, sizes.repeats)
+    enq_rows, _ = codec_rows("RolloutEnqueued", enqueued, codec, sizes.repeats)
+    rows = span_rows + enq_rows + broker_rows(ctx, sizes, spans, span_values, enqueued[0])
+    more_rows, extra = agl_rows(ctx, sizes, variants)
+    params = {**asdict(sizes), "partitions": PARTITIONS, "rollouts": ROLLOUTS, "variants": VARIANTS,
+              "mb": "1e6 bytes of Avro-encoded values (keys and headers not counted)", **extra}
+    return Report(rows + more_rows, params)
