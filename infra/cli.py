@@ -323,6 +323,41 @@ def rollouts(status_filter: str | None, as_json: bool) -> None:
 
 
 @main.command()
+@click.option("--verify", is_flag=True, help="Compare with the live state; exit 1 with a diff if they differ.")
+@click.option("--wait", default=30.0, show_default=True, help="With --verify: seconds to let the live state catch up.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON line.")
+def replay(verify: bool, wait: float, as_json: bool) -> None:
+    """Rebuild all rollout state from the topics with the pure fold, into a fresh in-memory store."""
+    from litstream.streams import replay as rp
+
+    settings = load_settings()
+    try:
+        if verify:
+            result, differences = rp.verify(settings, wait_s=wait)
+        else:
+            result, differences = rp.replay(settings), []
+    except (LookupError, ConnectionError, TimeoutError) as exc:
+        _fail(str(exc))
+    summary = {**result.summary(), **({"verified": not differences} if verify else {})}
+    if as_json:
+        click.echo(json.dumps(summary))
+    else:
+        table = Table(title="replay of rollout-events")
+        table.add_column("")
+        table.add_column("value")
+        for k, v in summary.items():
+            table.add_row(k, str(v))
+        console.print(table)
+    if differences:
+        err.print("[red]replayed state differs from the live state:[/]")
+        for line in differences:
+            err.print(f"  {line}")
+        sys.exit(1)
+    if verify and not as_json:
+        console.print("[green]replayed state equals the live state[/]")
+
+
+@main.command()
 @click.argument("query")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
 def sql(query: str, fmt: str) -> None:

@@ -294,6 +294,11 @@ class RolloutSnapshot(AvroModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     attempts: list[AttemptSnapshot] = Field(default_factory=list)
     updated_ns: int
+    last_event_id: str | None = None
+    last_producer_id: str | None = None
+    last_producer_seq: int | None = None
+    last_accepted: bool = True
+    last_reason: str | None = None
 
     @property
     def key(self) -> str:

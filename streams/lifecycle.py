@@ -9,6 +9,7 @@ At-least-once: a redelivered event is recognised by the fold (per-producer seque
 
 from __future__ import annotations
 
+import heapq
 import logging
 import time
 import traceback
@@ -17,7 +18,7 @@ from typing import Any
 import faust
 
 from litstream.infra import health
-from litstream.infra.profiles import faust_profile
+from litstream.infra.profiles import faust_profile, tune_faust_for_local_broker
 from litstream.infra.settings import Settings
 from litstream.infra.topics import LIFECYCLE_TABLE, Topics
 from litstream.schemas.codec import Codec, DecodeError, default_codec
@@ -33,11 +34,14 @@ from litstream.schemas.events import (
 
 from . import fold
 from .deadletter import DeadLetter
+from .decisions import due, next_deadline
 from .state import RolloutState
 
 log = logging.getLogger("litstream.lifecycle")
 LIFECYCLE_EVENTS = (RolloutEnqueued, RolloutStatusChanged, AttemptStarted, AttemptHeartbeat, AttemptStatusChanged)
 ROLE = "lifecycle"
+TICK_S = 0.1  # timer resolution: a deadline is seen at most this late (plus the trip through the log)
+REINDEX_EVERY_S = 30.0  # a full re-index now and then, in case a rebalance slipped between ticks
 
 
 def faust_broker_credentials(settings: Settings) -> dict[str, Any]:
@@ -63,7 +67,9 @@ class LifecycleProcessor:
         self.topics = Topics(settings.topic_prefix)
         self.codec = codec or default_codec(settings.schema_registry_url)
         self.factory = EventFactory(settings.producer_id, role=ROLE)
-        self.stats = {"applied": 0, "duplicates": 0, "dead_letters": 0}
+        self.stats = {"applied": 0, "duplicates": 0, "dead_letters": 0, "timeout": 0, "unresponsive": 0}
+        if settings.profile == "local":
+            tune_faust_for_local_broker()
         datadir = (settings.data_dir / "faust" / self.topics.faust_app_id).resolve()
         datadir.mkdir(parents=True, exist_ok=True)
         self.app = faust.App(
@@ -75,6 +81,7 @@ class LifecycleProcessor:
             topic_disable_leader=True,
             web_enabled=False,
             store="memory://",
+            table_standby_replicas=0,  # a worker holds only the partitions it owns
             datadir=str(datadir),
             **faust_profile(settings),
             **faust_broker_credentials(settings),
@@ -88,6 +95,12 @@ class LifecycleProcessor:
         self.table = self.app.Table(LIFECYCLE_TABLE, partitions=settings.partitions, key_type=str)
         self.app.agent(self.source, name="fold")(self._fold_stream)
         self.app.timer(interval=2.0)(self._beat)
+        self.app.timer(interval=TICK_S)(self._tick)
+        self._deadlines: dict[str, tuple[float, int]] = {}
+        self._heap: list[tuple[float, str]] = []
+        self._fired: dict[str, tuple[str, str]] = {}
+        self._indexed: set[int] = set()
+        self._indexed_at = 0.0
 
     async def _beat(self) -> None:
         health.beat(self.settings.data_dir, ROLE, **self.stats)
@@ -113,32 +126,87 @@ class LifecycleProcessor:
             await self._dead_letter(dead(f"message key {key!r} is not the event's rollout id {event.rollout_id}",
                                          "invalid"))
             return
+        rid = event.rollout_id
         try:
-            raw_state = self.table.get(event.rollout_id)
-            state = RolloutState.model_validate(raw_state) if raw_state is not None else None
+            state = self._load(rid)
             outcome = fold.apply(state, event)
         except Exception as exc:  # a bug in the fold must not stop the partition
-            log.exception("fold failed for %s", event.rollout_id)
+            log.exception("fold failed for %s", rid)
             await self._dead_letter(dead(f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}", "error"))
             return
-        if outcome.state is not None and outcome.state is not state:
-            self.table[event.rollout_id] = outcome.state.model_dump(mode="json")
         if outcome.duplicate:
             self.stats["duplicates"] += 1
             return
+        new = outcome.state
+        if new is not None:
+            self.table[rid] = {"partition": partition, "state": new.model_dump(mode="json")}
+            self._arm(rid, new, partition)
+            snapshot = new.snapshot(event.meta, outcome.accepted, outcome.reason)
+            await self.state_topic.send(key=rid.encode(), value=self.codec.encode(snapshot))
         if not outcome.accepted:
             await self._dead_letter(dead(outcome.reason or "rejected", "rejected"))
             return
         self.stats["applied"] += 1
-        assert outcome.state is not None
-        rid = outcome.state.rollout_id.encode()
-        await self.state_topic.send(key=rid, value=self.codec.encode(outcome.state.snapshot()))
-        if outcome.offer is not None:
-            s = outcome.state
-            offer = RolloutOffered(meta=self.factory.meta(s.rollout_id), attempt_sequence=outcome.offer.attempt_sequence,
-                                   input=s.input, mode=s.mode, resources_id=s.resources_id, config=s.config,
-                                   metadata=s.metadata)
-            await self.offers_topic.send(key=rid, value=self.codec.encode(offer))
+        if outcome.offer is not None and new is not None:
+            offer = RolloutOffered(meta=self.factory.meta(rid), attempt_sequence=outcome.offer.attempt_sequence,
+                                   input=new.input, mode=new.mode, resources_id=new.resources_id, config=new.config,
+                                   metadata=new.metadata)
+            await self.offers_topic.send(key=rid.encode(), value=self.codec.encode(offer))
+
+    def _load(self, rid: str) -> RolloutState | None:
+        raw = self.table.get(rid)
+        return RolloutState.model_validate(raw["state"]) if raw is not None else None
+
+    # -- timers: timeout and unresponsive, on this processor's clock --------------------------------------------
+
+    def _arm(self, rid: str, state: RolloutState, partition: int) -> None:
+        """Index the rollout's next deadline (or drop it); a heap with lazy deletion finds the due ones."""
+        self._fired.pop(rid, None)
+        deadline = next_deadline(state)
+        if deadline is None:
+            self._deadlines.pop(rid, None)
+            return
+        self._deadlines[rid] = (deadline.at, partition)
+        heapq.heappush(self._heap, (deadline.at, rid))
+
+    def _active_partitions(self) -> set[int]:
+        name = self.source.get_topic_name()
+        return {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == name}
+
+    def _rebuild_index(self, actives: set[int]) -> None:
+        """After a rebalance or recovery: index the deadlines of every rollout this worker now owns."""
+        self._deadlines.clear()
+        self._heap.clear()
+        for rid, raw in list(self.table.items()):
+            if raw.get("partition") in actives:
+                self._arm(rid, RolloutState.model_validate(raw["state"]), raw["partition"])
+        self._indexed = actives
+        self._indexed_at = time.monotonic()
+
+    async def _tick(self) -> None:
+        if self.app.rebalancing or self.app.in_recovery:
+            return
+        actives = self._active_partitions()
+        if actives != self._indexed or time.monotonic() - self._indexed_at > REINDEX_EVERY_S:
+            self._rebuild_index(actives)
+        now = time.time()
+        while self._heap and self._heap[0][0] < now:
+            at, rid = heapq.heappop(self._heap)
+            current = self._deadlines.get(rid)
+            if current is None or current[0] != at or current[1] not in actives:
+                continue  # superseded by a later change, or no longer ours
+            state = self._load(rid)
+            kind = due(state, now) if state is not None else None
+            attempt = state.latest_attempt if state is not None else None
+            if kind is None or attempt is None:
+                continue
+            if self._fired.get(rid) == (attempt.attempt_id, kind):
+                continue  # already sent; waiting for it to come back through the log
+            self._fired[rid] = (attempt.attempt_id, kind)
+            self.stats[kind] += 1
+            event = AttemptStatusChanged(meta=self.factory.meta(rid), attempt_id=attempt.attempt_id, status=kind,
+                                         time=now, worker_id=attempt.worker_id)
+            await self.source.send(key=rid.encode(), value=self.codec.encode(event))
 
     async def _dead_letter(self, letter: DeadLetter) -> None:
         self.stats["dead_letters"] += 1

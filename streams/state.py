@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from litstream.schemas.events import AttemptSnapshot, AvroRolloutConfig, RolloutSnapshot
+from litstream.schemas.events import AttemptSnapshot, AvroRolloutConfig, EventMeta, RolloutSnapshot
 from litstream.schemas.models import Attempt, AttemptedRollout, AttemptStatus, Rollout, RolloutMode, RolloutStatus
 
 
@@ -55,8 +55,12 @@ class RolloutState(BaseModel):
                 return a
         return None
 
-    def snapshot(self) -> RolloutSnapshot:
+    def snapshot(self, last: EventMeta | None = None, accepted: bool = True,
+                 reason: str | None = None) -> RolloutSnapshot:
+        """The state for readers, with the outcome of the event that led to it."""
         return RolloutSnapshot(
+            last_event_id=last.event_id if last else None, last_producer_id=last.producer_id if last else None,
+            last_producer_seq=last.producer_seq if last else None, last_accepted=accepted, last_reason=reason,
             rollout_id=self.rollout_id, version=self.version, input=self.input, start_time=self.start_time,
             end_time=self.end_time, mode=self.mode, resources_id=self.resources_id, status=self.status,
             config=self.config, metadata=self.metadata, updated_ns=self.updated_ns,

@@ -58,7 +58,7 @@ class StateView:
             self.undecodable += 1
             return
         current = self.snapshots.get(snap.rollout_id)
-        if current is None or snap.version > current.version:
+        if current is None or snap.version >= current.version:  # same version: a later outcome snapshot
             self.snapshots[snap.rollout_id] = snap
 
     def close(self) -> None:

@@ -27,6 +27,7 @@ from litstream.schemas.events import AttemptStarted, RolloutOffered
 from litstream.schemas.models import new_attempt_id
 from litstream.streams.deadletter import DeadLetter
 
+from .claims import ClaimWatcher
 from .producer import EventProducer
 from .sdk import AttemptContext
 
@@ -50,7 +51,8 @@ AgentFn = Callable[[Task, AttemptContext], float | None]
 
 
 class Runner:
-    def __init__(self, settings: Settings, agent: AgentFn, concurrency: int = 1, heartbeat_s: float = 5.0) -> None:
+    def __init__(self, settings: Settings, agent: AgentFn, concurrency: int = 1, heartbeat_s: float = 5.0,
+                 claim_wait_s: float = 60.0) -> None:
         self.settings = settings
         self.agent = agent
         self.concurrency = concurrency
@@ -58,7 +60,9 @@ class Runner:
         self.events = EventProducer(settings, role=ROLE)
         self.worker_id = self.events.producer_id
         self.stop_event = threading.Event()
-        self.stats = {"claimed": 0, "succeeded": 0, "failed": 0, "spans": 0}
+        self.stats = {"claimed": 0, "claims_lost": 0, "succeeded": 0, "failed": 0, "spans": 0}
+        self.claim_wait_s = claim_wait_s
+        self.claims = ClaimWatcher(settings, self.events.codec)
         self._slots = threading.Semaphore(concurrency)
         self._stats_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="agent")
@@ -104,6 +108,7 @@ class Runner:
         finally:
             self._drain()
             c.close()
+            self.claims.close()
             health.beat(self.settings.data_dir, ROLE, stopped=True, **self.stats)
 
     def _claim(self, value: bytes | None, topic: str, partition: int, offset: int, key: bytes | None) -> Future[None] | None:
@@ -117,8 +122,22 @@ class Runner:
         attempt_id = new_attempt_id()
         claim = AttemptStarted(meta=self.events.factory.meta(offer.rollout_id), attempt_id=attempt_id,
                                sequence_id=offer.attempt_sequence, start_time=time.time(), worker_id=self.worker_id)
+        answer = self.claims.expect(claim.meta.event_id)
         self.events.send(self.events.topics.rollout_events, claim)
         self.events.flush()  # the claim is durable before the offer is committed
+        try:
+            accepted, reason = answer.result(timeout=self.claim_wait_s)
+        except TimeoutError:
+            # No answer (the lifecycle processor is down or far behind): run anyway. If the claim lost, the fold
+            # rejects this attempt's events; if it won, the work is not wasted.
+            self.claims.forget(claim.meta.event_id)
+            log.warning("no answer to the claim of %s within %.0fs; running it", offer.rollout_id, self.claim_wait_s)
+            accepted, reason = True, None
+        if not accepted:
+            log.info("claim of %s (attempt %d) lost: %s", offer.rollout_id, offer.attempt_sequence, reason)
+            with self._stats_lock:
+                self.stats["claims_lost"] += 1
+            return None
         with self._stats_lock:
             self.stats["claimed"] += 1
         task = Task(offer.rollout_id, attempt_id, offer.input, offer.mode, offer.resources_id, offer.metadata)

@@ -15,7 +15,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 from litstream.schemas.events import (
     AttemptHeartbeat,
@@ -28,6 +27,9 @@ from litstream.schemas.events import (
 from .producer import EventProducer
 
 REWARD_SPAN = "agentlightning.annotation"
+# Spans count as heartbeats (as in the reference), but the lifecycle processor does not read spans: the emitter
+# sends an explicit heartbeat with a span when the last one is older than this. See README "Heartbeats".
+SPAN_HEARTBEAT_S = 1.0
 _current_span: contextvars.ContextVar["SpanHandle | None"] = contextvars.ContextVar("litstream_span", default=None)
 
 
@@ -67,6 +69,7 @@ class AttemptContext:
                                                    "agentlightning.rollout_id": rollout_id,
                                                    "agentlightning.attempt_id": attempt_id})
         self.spans_emitted = 0
+        self._last_beat = float("-inf")
 
     def _sequence_id(self) -> int:
         with self._lock:
@@ -100,6 +103,8 @@ class AttemptContext:
         )
         self.producer.send(self.producer.topics.spans, span)
         self.spans_emitted += 1
+        if time.monotonic() - self._last_beat > SPAN_HEARTBEAT_S:
+            self.heartbeat()
 
     def emit_reward(self, value: float, name: str = "primary") -> None:
         """Record a scalar reward as the reference does: a reward annotation span."""
@@ -111,6 +116,7 @@ class AttemptContext:
 
     # -- lifecycle --
     def heartbeat(self) -> None:
+        self._last_beat = time.monotonic()
         self.producer.send(self.producer.topics.rollout_events, AttemptHeartbeat(
             meta=self.producer.factory.meta(self.rollout_id), attempt_id=self.attempt_id, time=time.time(),
             worker_id=self.worker_id))
@@ -123,7 +129,3 @@ class AttemptContext:
 
 def current_span() -> SpanHandle | None:
     return _current_span.get()
-
-
-def _unused(*_: Any) -> None:  # keeps the public re-exports explicit for type checkers
-    return None

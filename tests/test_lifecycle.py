@@ -1,0 +1,162 @@
+"""The lifecycle processor on the real broker: timers on its own clock, retries, claims, replay, scale-out,
+restart. Each test runs real Faust worker processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from litstream.infra import health
+from litstream.infra.kafka import headers_dict, read_to_end
+from litstream.infra.settings import Settings
+from litstream.infra.stack import Stack, settings_env
+from litstream.schemas.codec import Codec
+from litstream.schemas.events import RolloutOffered
+from litstream.schemas.models import FINISHED
+from litstream.streams.replay import verify
+from tests.lifecycle_helpers import Driver
+
+
+@pytest.fixture
+def lifecycle(settings: Settings) -> Iterator[tuple[Stack, Driver]]:
+    with Stack(settings) as stack:
+        stack.start("lifecycle", "process", "lifecycle")
+        stack.wait_ready("lifecycle", "lifecycle")
+        driver = Driver(settings)
+        yield stack, driver
+        driver.close()
+
+
+def offers(settings: Settings, rid: str) -> list[int]:
+    codec = Codec()
+    out = []
+    for msg in read_to_end(settings, f"{settings.topic_prefix}.rollout-offers"):
+        offer = codec.decode_as(msg.value(), RolloutOffered)
+        if offer.rollout_id == rid:
+            out.append(offer.attempt_sequence)
+    return out
+
+
+def test_unresponsive_attempt_is_retried_without_any_call(settings: Settings, lifecycle: tuple[Stack, Driver]) -> None:
+    _, d = lifecycle
+    rid = d.enqueue(unresponsive_seconds=1.0, max_attempts=2, retry_condition=["unresponsive"])
+    d.claim(rid, 1, "at-first")
+    # Nobody calls anything: the processor's own clock notices the silent attempt.
+    snap = d.wait(rid, lambda s: s.status == "requeuing")
+    first = snap.attempts[0]
+    assert first.status == "unresponsive" and first.end_time is None and snap.end_time is None
+    assert offers(settings, rid) == [1, 2]
+
+    d.claim(rid, 2, "at-second")
+    d.beat(rid, "at-second")
+    d.finish(rid, "at-second", "succeeded")
+    snap = d.wait(rid, lambda s: s.status == "succeeded")
+    assert [a.status for a in snap.attempts] == ["unresponsive", "succeeded"]
+
+
+def test_timeout_fails_a_rollout_with_no_retries_left(lifecycle: tuple[Stack, Driver]) -> None:
+    _, d = lifecycle
+    rid = d.enqueue(timeout_seconds=1.5, unresponsive_seconds=30.0)
+    d.claim(rid, 1, "at-slow")
+    snap = d.wait(rid, lambda s: s.status in FINISHED, while_waiting=lambda: d.beat(rid, "at-slow"))
+    assert snap.status == "failed" and snap.end_time is not None
+    assert snap.attempts[0].status == "timeout"  # a heartbeating attempt still times out: from its start
+
+
+def test_a_losing_claim_is_told_and_dead_lettered(settings: Settings, lifecycle: tuple[Stack, Driver]) -> None:
+    _, d = lifecycle
+    rid = d.enqueue()
+    d.claim(rid, 1, "at-winner")
+    d.wait(rid, lambda s: s.status == "preparing")
+    losing_event = d.claim(rid, 1, "at-loser")
+    snap = d.wait(rid, lambda s: s.last_event_id == losing_event)
+    assert not snap.last_accepted and "claim rejected" in (snap.last_reason or "")
+    assert [a.attempt_id for a in snap.attempts] == ["at-winner"]
+    dlq = list(read_to_end(settings, f"{settings.topic_prefix}.rollout-events.dlq"))
+    assert any(headers_dict(m)["litstream.dlq.error_type"] == b"rejected" for m in dlq)
+
+
+def test_replay_equals_live_state(settings: Settings, lifecycle: tuple[Stack, Driver]) -> None:
+    _, d = lifecycle
+    rids = [d.enqueue(max_attempts=2, retry_condition=["failed"]) for _ in range(3)]
+    for i, rid in enumerate(rids):
+        d.claim(rid, 1, f"at-{i}")
+        d.finish(rid, f"at-{i}", "failed" if i == 0 else "succeeded")
+    for rid in rids:
+        d.wait(rid, lambda s: s.status in FINISHED | {"requeuing"})
+    result, differences = verify(settings, wait_s=30)
+    assert differences == []
+    assert result.by_status() == {"requeuing": 1, "succeeded": 2}
+
+    out = subprocess.run([sys.executable, "-m", "litstream.infra.cli", "replay", "--verify", "--json"],
+                         env={**os.environ, **settings_env(settings)}, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1])["verified"] is True
+
+
+def _run_rollouts(settings: Settings, stack: Stack, n: int, on_progress=None) -> None:  # type: ignore[no-untyped-def]
+    d = Driver(settings)
+    try:
+        rids = [d.enqueue() for _ in range(n)]
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            snaps = d.view.catch_up()
+            done = sum(1 for r in rids if r in snaps and snaps[r].status == "succeeded")
+            failed = [snaps[r] for r in rids if r in snaps and snaps[r].status in {"failed", "cancelled"}]
+            assert not failed, failed[0]
+            if on_progress:
+                on_progress(done)
+            if done == n:
+                return
+            time.sleep(0.3)
+        raise AssertionError(f"{done}/{n} rollouts succeeded")
+    finally:
+        d.close()
+
+
+def test_two_workers_split_the_partitions_and_agree(broker, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from litstream.infra.kafka import create_topics
+
+    settings = Settings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{os.getpid()}two", partitions=4,
+                        data_dir=tmp_path / "data", clickhouse_dsn=f"chdb://{tmp_path / 'chdb'}")
+    create_topics(settings)
+    # Two workers of one app: separate data dirs (their health files), the same topics and group.
+    with Stack(settings) as a, Stack(settings.model_copy(update={"data_dir": tmp_path / "data-b"})) as b:
+        a.start("lifecycle", "process", "lifecycle")
+        b.start("lifecycle", "process", "lifecycle")
+        a.start("runner", "runner", "--concurrency", "4")
+        a.wait_ready("lifecycle", "lifecycle")
+        b.wait_ready("lifecycle", "lifecycle")
+        _run_rollouts(settings, a, 24)
+        _, differences = verify(settings, wait_s=30)
+        assert differences == []
+        time.sleep(2.5)  # one more health beat with the final counts
+        applied = [health.read(s.settings.data_dir, "lifecycle")["applied"] for s in (a, b)]  # type: ignore[index]
+        assert all(n > 0 for n in applied), applied  # both did part of the work
+
+
+def test_a_killed_worker_recovers_its_table_exactly(settings: Settings) -> None:
+    with Stack(settings) as stack:
+        stack.start("lifecycle", "process", "lifecycle")
+        stack.start("runner", "runner", "--concurrency", "4")
+        stack.wait_ready("lifecycle", "lifecycle")
+        killed = []
+
+        def kill_midway(done: int) -> None:
+            if done >= 5 and not killed:
+                os.kill(stack.roles["lifecycle"].proc.pid, signal.SIGKILL)
+                stack.roles["lifecycle"].proc.wait()
+                killed.append(done)
+                stack.start("lifecycle", "process", "lifecycle")  # restarted: recovers from the changelog
+
+        _run_rollouts(settings, stack, 20, on_progress=kill_midway)
+        assert killed
+        _, differences = verify(settings, wait_s=30)
+        assert differences == []
