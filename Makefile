@@ -30,4 +30,4 @@ up: install
 	$(BIN)/litstream up
 
 clean:
-	rm -rf $(VENV) .litstream .pytest_cache bench/results *.egg-info
+	rm -rf $(VENV) .venv-agl .litstream .pytest_cache bench/results *.egg-info

@@ -1,4 +1,4 @@
-"""``python -m litstream.bench [--only NAME] [--quick] [--no-agl]``: run benchmarks, print a table, save JSON."""
+"""``python -m litstream.bench [--only NAME] [--quick] [--no-agl]``: run benchmarks, print, save JSON."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ import os
 # Before anything imports a numeric library: one thread each, so the rates are per core and comparable.
 os.environ["OMP_NUM_THREADS"] = "1"
 
-import argparse  # noqa: E402
-import importlib  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import importlib
+import sys
+import time
+from pathlib import Path
 
-from rich.console import Console  # noqa: E402
+from rich.console import Console
 
-from .harness import BENCHMARKS, RESULTS_DIR, Context, machine, print_machine, print_report, save  # noqa: E402
+from .harness import BENCHMARKS, RESULTS_DIR, Context, machine, print_machine, print_report, save
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="small sizes and one repeat: a smoke test, not numbers to quote")
     parser.add_argument("--no-agl", action="store_true",
                         help="skip the Agent Lightning baseline (and building its virtualenv)")
-    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help=f"where to save (default {RESULTS_DIR})")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR,
+                        help=f"where to save the JSON (default {RESULTS_DIR})")
     args = parser.parse_args(argv)
 
     console = Console()

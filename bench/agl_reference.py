@@ -1,8 +1,9 @@
 """The Agent Lightning 0.3.0 baseline: InMemoryLightningStore.add_span and add_many_spans, in spans/s.
 
-Self-contained: the harness runs it with the python of a separate virtualenv (.venv-agl), since agentlightning's
-dependencies and the project's cannot share one environment; it imports nothing from litstream. It reads its
-config as one JSON object on stdin, with the very span contents the litstream rows encode:
+Self-contained: the harness runs it with the python of a separate virtualenv (.venv-agl), since the
+dependencies of agentlightning and of the project cannot share one environment; it imports nothing from
+litstream. It reads its config as one JSON object on stdin, with the very span contents the litstream rows
+encode:
 
     {"variants": [{"name", "duration_ns", "attributes", "events": [{"name", "offset_ns", "attributes"}],
                    "resource"}, ...],
@@ -40,11 +41,11 @@ def build_spans(cfg: dict[str, Any], attempts: list[tuple[str, str]]) -> list[An
             start_ns = now_ns + len(spans) * 1000
             span_id = secrets.token_hex(8)
             spans.append(Span(
-                rollout_id=rollout_id, attempt_id=attempt_id, sequence_id=seq, trace_id=trace_id, span_id=span_id,
-                parent_id=root_id, name=v["name"], status=TraceStatus(status_code="OK"),
+                rollout_id=rollout_id, attempt_id=attempt_id, sequence_id=seq, trace_id=trace_id,
+                span_id=span_id, parent_id=root_id, name=v["name"], status=TraceStatus(status_code="OK"),
                 attributes=v["attributes"],
-                events=[Event(name=e["name"], attributes=e["attributes"], timestamp=(start_ns + e["offset_ns"]) / 1e9)
-                        for e in v["events"]],
+                events=[Event(name=e["name"], attributes=e["attributes"],
+                              timestamp=(start_ns + e["offset_ns"]) / 1e9) for e in v["events"]],
                 links=[], start_time=start_ns / 1e9, end_time=(start_ns + v["duration_ns"]) / 1e9,
                 context=SpanContext(trace_id=trace_id, span_id=span_id, is_remote=False, trace_state={}),
                 parent=root,
@@ -55,7 +56,7 @@ def build_spans(cfg: dict[str, Any], attempts: list[tuple[str, str]]) -> list[An
 
 
 async def fresh_store(cfg: dict[str, Any]) -> tuple[Any, list[Any]]:
-    """A new store with one started rollout (one attempt each) per rollout, and their spans (not yet added)."""
+    """A new store with `rollouts` started rollouts (one attempt each), and their spans, not yet added."""
     from agentlightning.store.memory import InMemoryLightningStore
 
     store = InMemoryLightningStore()
@@ -91,14 +92,15 @@ async def bench(cfg: dict[str, Any]) -> dict[str, Any]:
         store, spans = await fresh_store(cfg)
         gc.collect()
         start = time.perf_counter()
-        for i in range(0, len(spans), batch):  # batches never straddle rollouts when spans_per_rollout % batch == 0
+        # Spans come grouped by rollout: a batch is one rollout's when batch divides spans_per_rollout.
+        for i in range(0, len(spans), batch):
             await store.add_many_spans(spans[i:i + batch])
         samples["add_many_spans"].append(time.perf_counter() - start)
         await check(store, spans)
         n = len(spans)
     return {
-        "version": version("agentlightning"), "python": platform.python_version(), "pydantic": version("pydantic"),
-        "n": n, "batch": batch, "rollouts": cfg["rollouts"],
+        "version": version("agentlightning"), "python": platform.python_version(),
+        "pydantic": version("pydantic"), "n": n, "batch": batch, "rollouts": cfg["rollouts"],
         **{op: {"spans_per_s": n / statistics.median(s), "samples_s": s} for op, s in samples.items()},
     }
 

