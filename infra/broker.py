@@ -46,7 +46,7 @@ class EmbeddedBroker:
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 20.0) -> "EmbeddedBroker":
+    def start(self, timeout: float = 20.0) -> EmbeddedBroker:
         url = f"tcp://127.0.0.1:{self.port}"
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(
@@ -86,7 +86,7 @@ class EmbeddedBroker:
             self.proc.kill()
             self.proc.wait()
 
-    def __enter__(self) -> "EmbeddedBroker":
+    def __enter__(self) -> EmbeddedBroker:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

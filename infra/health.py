@@ -32,11 +32,11 @@ def read(data_dir: Path, role: str) -> dict[str, Any] | None:
     except (FileNotFoundError, json.JSONDecodeError):
         return None
     data["age_s"] = time.time() - float(data.get("time", 0))
-    data["alive"] = data["age_s"] < STALE_AFTER_S and _pid_alive(int(data.get("pid", 0)))
+    data["alive"] = data["age_s"] < STALE_AFTER_S and pid_alive(int(data.get("pid", 0)))
     return data
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     if pid <= 0:
         return False
     try:

@@ -9,8 +9,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka import Consumer as _Consumer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from .profiles import consumer_profile, security_config
@@ -132,7 +132,11 @@ def read_to_end(settings: Settings, topic: str, timeout: float = 30.0) -> Iterat
 
 
 def headers_dict(msg: Message) -> dict[str, bytes]:
-    return {k: (v or b"") for k, v in (msg.headers() or [])}
+    out: dict[str, bytes] = {}
+    raw = msg.headers() or []
+    for k, v in raw.items() if isinstance(raw, dict) else raw:
+        out[k] = v.encode() if isinstance(v, str) else (v or b"")
+    return out
 
 
 def flush_or_raise(p: Producer, timeout: float = 30.0) -> None:

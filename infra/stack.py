@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from . import health
 from .broker import EmbeddedBroker
@@ -41,13 +41,13 @@ def write_stack_file(settings: Settings, broker: EmbeddedBroker) -> None:
     }))
 
 
-def running_stack(data_dir: Path) -> dict[str, object] | None:
+def running_stack(data_dir: Path) -> dict[str, Any] | None:
     """The embedded stack started by `litstream up` in this data dir, if it still runs."""
     try:
-        info: dict[str, object] = json.loads((data_dir / STACK_FILE).read_text())
+        info: dict[str, Any] = json.loads((data_dir / STACK_FILE).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-    return info if health._pid_alive(int(info.get("pid", 0))) else None  # type: ignore[arg-type]
+    return info if health.pid_alive(int(info.get("pid", 0))) else None
 
 
 class RoleProcess:
@@ -130,7 +130,7 @@ class Stack:
             self.broker.stop()
             (self.settings.data_dir / STACK_FILE).unlink(missing_ok=True)
 
-    def __enter__(self) -> "Stack":
+    def __enter__(self) -> Stack:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -43,7 +43,7 @@ class AvroModel(BaseModel):
         return data
 
     @model_validator(mode="after")
-    def _json_fields_serialisable(self) -> "AvroModel":
+    def _json_fields_serialisable(self) -> AvroModel:
         for name in self.json_fields:
             try:
                 _dumps(getattr(self, name))
@@ -193,7 +193,7 @@ class SpanRecorded(Event):
     resources_id: str | None = None
 
     @model_validator(mode="after")
-    def _ends_after_start(self) -> "SpanRecorded":
+    def _ends_after_start(self) -> SpanRecorded:
         if self.end_time_ns is not None and self.end_time_ns < self.start_time_ns:
             raise ValueError("end_time_ns must not be before start_time_ns")
         return self

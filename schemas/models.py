@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from typing import Annotated, Any, Generic, Literal, Sequence, TypeVar, Union
+from collections.abc import Sequence
+from typing import Annotated, Any, Generic, Literal, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -76,7 +77,7 @@ class AttemptedRollout(Rollout):
     attempt: Attempt
 
     @model_validator(mode="after")
-    def _same_rollout(self) -> "AttemptedRollout":
+    def _same_rollout(self) -> AttemptedRollout:
         if self.attempt.rollout_id != self.rollout_id:
             raise ValueError("attempt.rollout_id must equal rollout_id")
         return self

@@ -86,7 +86,7 @@ class LifecycleProcessor:
             **faust_profile(settings),
             **faust_broker_credentials(settings),
         )
-        raw = {"key_serializer": "raw", "value_serializer": "raw"}
+        raw: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
         self.source = self.app.topic(self.topics.rollout_events, partitions=settings.partitions, **raw)
         self.state_topic = self.app.topic(self.topics.state, partitions=settings.partitions, **raw)
         self.offers_topic = self.app.topic(self.topics.offers, partitions=settings.partitions, **raw)

@@ -78,12 +78,12 @@ class SpanSink:
                 if err.code() != KafkaError._PARTITION_EOF:
                     log.warning("consume error: %s", err)
                 continue
-            offsets[(m.topic(), m.partition())] = m.offset() + 1
+            topic, partition, offset = str(m.topic()), int(m.partition() or 0), int(m.offset() or 0)
+            offsets[(topic, partition)] = offset + 1
             try:
                 span = self.codec.decode_as(m.value(), SpanRecorded)
             except DecodeError as exc:
-                letters.append(DeadLetter(m.topic(), m.partition(), m.offset(), m.key(), m.value(), exc.reason,
-                                          ROLE, "decode"))
+                letters.append(DeadLetter(topic, partition, offset, m.key(), m.value(), exc.reason, ROLE, "decode"))
                 continue
             spans.append(span)
         if spans:

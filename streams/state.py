@@ -6,21 +6,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from litstream.schemas.events import AttemptSnapshot, AvroRolloutConfig, EventMeta, RolloutSnapshot
-from litstream.schemas.models import Attempt, AttemptedRollout, AttemptStatus, Rollout, RolloutMode, RolloutStatus
-
-
-class AttemptState(BaseModel):
-    model_config = ConfigDict(frozen=True)
-    attempt_id: str
-    sequence_id: int
-    start_time: float
-    end_time: float | None = None
-    status: AttemptStatus = "preparing"
-    worker_id: str | None = None
-    last_heartbeat_time: float | None = None
-    error: str | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
+from litstream.schemas.events import AttemptSnapshot as AttemptState  # the fold's attempt is what readers get
+from litstream.schemas.events import AvroRolloutConfig, EventMeta, RolloutSnapshot
+from litstream.schemas.models import Attempt, AttemptedRollout, Rollout, RolloutMode, RolloutStatus
 
 
 class RolloutState(BaseModel):
@@ -64,7 +52,7 @@ class RolloutState(BaseModel):
             rollout_id=self.rollout_id, version=self.version, input=self.input, start_time=self.start_time,
             end_time=self.end_time, mode=self.mode, resources_id=self.resources_id, status=self.status,
             config=self.config, metadata=self.metadata, updated_ns=self.updated_ns,
-            attempts=[AttemptSnapshot(**a.model_dump()) for a in self.attempts],
+            attempts=list(self.attempts),
         )
 
 

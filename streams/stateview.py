@@ -64,7 +64,7 @@ class StateView:
     def close(self) -> None:
         self._consumer.close()
 
-    def __enter__(self) -> "StateView":
+    def __enter__(self) -> StateView:
         return self
 
     def __exit__(self, *exc: object) -> None:

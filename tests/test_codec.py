@@ -12,7 +12,7 @@ from fastavro.schema import load_schema
 
 from litstream.schemas.codec import AVRO_DIR, Codec, DecodeError, SchemaStore, fingerprint, rabin_fingerprint
 from litstream.schemas.events import BY_NAME, AvroModel, RolloutEnqueued
-from tests.samples import F, RID, all_records
+from tests.samples import RID, F, all_records
 
 
 @pytest.mark.parametrize("record", all_records(), ids=lambda r: type(r).__name__)

@@ -38,7 +38,7 @@ class EventProducer:
     def send(self, topic: str, record: AvroModel) -> None:
         """Encode and enqueue ``record``; the key is the record's own (rollout id, resources id, group id)."""
         value = self.codec.encode(record)
-        key = str(getattr(record, "key")).encode()
+        key = str(record.key).encode()
         while True:
             try:
                 self._producer.produce(topic, key=key, value=value, on_delivery=self._on_delivery)

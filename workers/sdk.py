@@ -30,7 +30,7 @@ REWARD_SPAN = "agentlightning.annotation"
 # Spans count as heartbeats (as in the reference), but the lifecycle processor does not read spans: the emitter
 # sends an explicit heartbeat with a span when the last one is older than this. See README "Heartbeats".
 SPAN_HEARTBEAT_S = 1.0
-_current_span: contextvars.ContextVar["SpanHandle | None"] = contextvars.ContextVar("litstream_span", default=None)
+_current_span: contextvars.ContextVar[SpanHandle | None] = contextvars.ContextVar("litstream_span", default=None)
 
 
 @dataclass

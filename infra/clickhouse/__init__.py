@@ -18,7 +18,7 @@ from typing import Any
 import clickhouse_connect
 from clickhouse_connect.driver.client import Client
 
-from ..health import _pid_alive
+from ..health import pid_alive
 
 DDL_DIR = Path(__file__).parent
 OWNER_FILE = "litstream.owner.json"
@@ -52,7 +52,7 @@ def read_owner(path: Path) -> dict[str, Any] | None:
         owner: dict[str, Any] = json.loads((path / OWNER_FILE).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-    return owner if _pid_alive(int(owner.get("pid", 0))) else None
+    return owner if pid_alive(int(owner.get("pid", 0))) else None
 
 
 def write_owner(path: Path, role: str, api_url: str | None) -> None:
