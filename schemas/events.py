@@ -113,6 +113,8 @@ class RolloutEnqueued(Event):
     resources_id: str | None = None
     config: AvroRolloutConfig = Field(default_factory=AvroRolloutConfig)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    start_attempt_id: str | None = None  # start_rollout: begin at once with this attempt, no offer
+    worker_id: str | None = None
 
 
 class RolloutStatusChanged(Event):
@@ -128,6 +130,7 @@ class AttemptStarted(Event):
     sequence_id: int = Field(ge=1)
     start_time: float
     worker_id: str | None = None
+    force: bool = False  # start_attempt: whatever the status and max_attempts; the fold numbers it
 
 
 class AttemptHeartbeat(Event):
@@ -135,6 +138,7 @@ class AttemptHeartbeat(Event):
     attempt_id: str = Field(min_length=1)
     time: float
     worker_id: str | None = None
+    max_sequence_id: int | None = None  # the rollout's span counter moves past this
 
 
 class AttemptStatusChanged(Event):
@@ -146,7 +150,63 @@ class AttemptStatusChanged(Event):
     error: str | None = None
 
 
-LifecycleEvent = RolloutEnqueued | RolloutStatusChanged | AttemptStarted | AttemptHeartbeat | AttemptStatusChanged
+ROLLOUT_FIELDS = frozenset({"status", "input", "mode", "resources_id", "config", "metadata"})
+ATTEMPT_FIELDS = frozenset({"status", "worker_id", "last_heartbeat_time", "metadata"})
+
+
+class RolloutUpdated(Event):
+    """update_rollout: the fields in ``set_fields`` change, the others stay (UNSET is not null)."""
+
+    avro_name = "litstream.RolloutUpdated"
+    json_fields = frozenset({"input", "metadata"})
+    time: float
+    set_fields: list[str]
+    status: RolloutStatus | None = None
+    input: Any = None
+    mode: RolloutMode | None = None
+    resources_id: str | None = None
+    config: AvroRolloutConfig | None = None
+    metadata: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _known_fields(self) -> RolloutUpdated:
+        unknown = set(self.set_fields) - ROLLOUT_FIELDS
+        if unknown:
+            raise ValueError(f"set_fields: unknown rollout fields {sorted(unknown)}")
+        return self
+
+
+class AttemptUpdated(Event):
+    """update_attempt: the fields in ``set_fields`` change."""
+
+    avro_name = "litstream.AttemptUpdated"
+    json_fields = frozenset({"metadata"})
+    attempt_id: str = Field(min_length=1)
+    time: float
+    set_fields: list[str]
+    status: AttemptStatus | None = None
+    worker_id: str | None = None
+    last_heartbeat_time: float | None = None
+    metadata: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _known_fields(self) -> AttemptUpdated:
+        unknown = set(self.set_fields) - ATTEMPT_FIELDS
+        if unknown:
+            raise ValueError(f"set_fields: unknown attempt fields {sorted(unknown)}")
+        return self
+
+
+class SequenceRequested(Event):
+    """Reserve ``count`` span sequence ids; the snapshot that follows gives the first (``last_reserved``)."""
+
+    avro_name = "litstream.SequenceRequested"
+    attempt_id: str = ""
+    count: int = Field(1, ge=1, le=1_000_000)
+
+
+LifecycleEvent = (RolloutEnqueued | RolloutStatusChanged | AttemptStarted | AttemptHeartbeat | AttemptStatusChanged
+                  | RolloutUpdated | AttemptUpdated | SequenceRequested)
 
 
 # --- Spans -------------------------------------------------------------------------------------------------
@@ -299,15 +359,40 @@ class RolloutSnapshot(AvroModel):
     last_producer_seq: int | None = None
     last_accepted: bool = True
     last_reason: str | None = None
+    next_sequence_id: int = 1
+    last_reserved: int | None = None
 
     @property
     def key(self) -> str:
         return self.rollout_id
 
 
+class WorkerObserved(AvroModel):
+    """On ``workers``, keyed by worker id: a worker seen through its attempts and dequeues, or its own heartbeat."""
+
+    avro_name: ClassVar[str] = "litstream.WorkerObserved"
+    json_fields = frozenset({"heartbeat_stats"})
+    event_id: str
+    worker_id: str = Field(min_length=1)
+    producer_id: str
+    producer_seq: int
+    timestamp_ns: int
+    time: float
+    kind: Literal["attempt", "dequeue", "empty_dequeue", "heartbeat"]
+    status: Literal["idle", "busy", "unknown"] | None = None
+    rollout_id: str | None = None
+    attempt_id: str | None = None
+    heartbeat_stats: dict[str, Any] | None = None
+
+    @property
+    def key(self) -> str:
+        return self.worker_id
+
+
 TOP_LEVEL: tuple[type[AvroModel], ...] = (
     RolloutEnqueued, RolloutStatusChanged, AttemptStarted, AttemptHeartbeat, AttemptStatusChanged,
-    SpanRecorded, ResourcesPublished, TripletEmitted, RolloutOffered, RolloutSnapshot,
+    RolloutUpdated, AttemptUpdated, SequenceRequested,
+    SpanRecorded, ResourcesPublished, TripletEmitted, RolloutOffered, RolloutSnapshot, WorkerObserved,
 )
 BY_NAME: dict[str, type[AvroModel]] = {cls.avro_name: cls for cls in TOP_LEVEL}  # type: ignore[attr-defined]
 
@@ -328,6 +413,11 @@ class EventFactory:
         with self._lock:
             self._last = max(self._last + 1, time.time_ns() // 1000)
             return self._last
+
+    def stamp(self) -> dict[str, Any]:
+        """Identity fields for records that are not rollout-scoped (resources, workers)."""
+        return {"event_id": uuid.uuid4().hex, "producer_id": self.producer_id, "producer_seq": self.next_seq(),
+                "timestamp_ns": time.time_ns()}
 
     def meta(self, rollout_id: str) -> EventMeta:
         return EventMeta(

@@ -20,9 +20,12 @@ from litstream.schemas.events import (
     AttemptHeartbeat,
     AttemptStarted,
     AttemptStatusChanged,
+    AttemptUpdated,
     Event,
     RolloutEnqueued,
     RolloutStatusChanged,
+    RolloutUpdated,
+    SequenceRequested,
 )
 from litstream.schemas.models import FINISHED, QUEUING, RUNNING
 
@@ -46,6 +49,7 @@ class Outcome:
     reason: str | None = None  # why an event was not applied (duplicate, rejected)
     duplicate: bool = False
     offer: Offer | None = None
+    reserved: int | None = None  # first span sequence id reserved by this event
 
     @property
     def changed(self) -> bool:
@@ -62,12 +66,13 @@ def _reject(state: RolloutState | None, event: Event, reason: str) -> Outcome:
     return Outcome(_seen(state, event) if state is not None else None, accepted=False, reason=reason)
 
 
-def _accept(state: RolloutState, event: Event, offer: Offer | None = None, **changes: object) -> Outcome:
+def _accept(state: RolloutState, event: Event, offer: Offer | None = None, reserved: int | None = None,
+            **changes: object) -> Outcome:
     producers = dict(state.producers)
     producers[event.meta.producer_id] = event.meta.producer_seq
     new = state.model_copy(update={**changes, "producers": producers, "version": state.version + 1,
                                    "updated_ns": event.meta.timestamp_ns})
-    return Outcome(new, accepted=True, offer=offer)
+    return Outcome(new, accepted=True, offer=offer, reserved=reserved)
 
 
 def _replace_attempt(state: RolloutState, attempt: AttemptState) -> tuple[AttemptState, ...]:
@@ -99,23 +104,42 @@ def apply(state: RolloutState | None, event: Event) -> Outcome:
     if isinstance(event, AttemptStatusChanged):
         return _attempt_status(state, event)
     if isinstance(event, RolloutStatusChanged):
-        return _rollout_status(state, event)
+        return _rollout_update(state, event, {"status": event.status}, event.time)
+    if isinstance(event, RolloutUpdated):
+        return _rollout_update(state, event, {f: getattr(event, f) for f in event.set_fields}, event.time)
+    if isinstance(event, AttemptUpdated):
+        return _attempt_update(state, event)
+    if isinstance(event, SequenceRequested):
+        first = state.next_sequence_id
+        return _accept(state, event, reserved=first, next_sequence_id=first + event.count)
     return _reject(state, event, f"{type(event).__name__} is not a lifecycle event")
 
 
 def _enqueued(state: RolloutState | None, ev: RolloutEnqueued) -> Outcome:
     if state is not None:
         return _reject(state, ev, f"rollout {ev.rollout_id} already exists")
+    started = ev.start_attempt_id is not None  # start_rollout: straight to an attempt, bypassing the queue
+    attempts = (AttemptState(attempt_id=ev.start_attempt_id, sequence_id=1, start_time=ev.start_time,
+                             worker_id=ev.worker_id),) if ev.start_attempt_id else ()
     new = RolloutState(
         rollout_id=ev.rollout_id, version=1, input=ev.input, start_time=ev.start_time, mode=ev.mode,
-        resources_id=ev.resources_id, status="queuing", config=ev.config, metadata=ev.metadata,
-        producers={ev.meta.producer_id: ev.meta.producer_seq}, updated_ns=ev.meta.timestamp_ns,
+        resources_id=ev.resources_id, status="preparing" if started else "queuing", config=ev.config,
+        metadata=ev.metadata, attempts=attempts, producers={ev.meta.producer_id: ev.meta.producer_seq},
+        updated_ns=ev.meta.timestamp_ns,
     )
-    return Outcome(new, accepted=True, offer=Offer(1))
+    return Outcome(new, accepted=True, offer=None if started else Offer(1))
 
 
 def _attempt_started(state: RolloutState, ev: AttemptStarted) -> Outcome:
     expected = len(state.attempts) + 1
+    if ev.force:  # start_attempt: bypasses the queue and max_attempts, but a finished rollout stays finished
+        if state.status in FINISHED:
+            return _reject(state, ev, f"rollout already {state.status}; terminal states are final")
+        if state.attempt(ev.attempt_id) is not None:
+            return _reject(state, ev, f"attempt id {ev.attempt_id} already used")
+        attempt = AttemptState(attempt_id=ev.attempt_id, sequence_id=expected, start_time=ev.start_time,
+                               worker_id=ev.worker_id)
+        return _accept(state, ev, attempts=state.attempts + (attempt,), status="preparing")
     if state.status not in QUEUING:
         return _reject(state, ev, f"claim rejected: rollout is {state.status}, not on offer")
     if ev.sequence_id != expected:
@@ -132,51 +156,84 @@ def _heartbeat(state: RolloutState, ev: AttemptHeartbeat) -> Outcome:
     if attempt is None:
         return _reject(state, ev, f"unknown attempt {ev.attempt_id}")
     beat = max(ev.time, attempt.last_heartbeat_time or ev.time)
+    next_seq = state.next_sequence_id
+    if ev.max_sequence_id is not None:
+        next_seq = max(next_seq, ev.max_sequence_id + 1)  # ids the sender chose itself move the counter
     status = "running" if attempt.status in {"preparing", "unresponsive"} else attempt.status
     attempt = attempt.model_copy(update={"last_heartbeat_time": beat, "status": status})
     rollout_status = state.status
     if attempt is not None and state.latest_attempt and state.latest_attempt.attempt_id == attempt.attempt_id:
         if state.status in {"preparing", "requeuing"} and attempt.status == "running":
             rollout_status = "running"
-    return _accept(state, ev, attempts=_replace_attempt(state, attempt), status=rollout_status)
+    return _accept(state, ev, attempts=_replace_attempt(state, attempt), status=rollout_status,
+                   next_sequence_id=next_seq)
 
 
 def _attempt_status(state: RolloutState, ev: AttemptStatusChanged) -> Outcome:
     attempt = state.attempt(ev.attempt_id)
     if attempt is None:
         return _reject(state, ev, f"unknown attempt {ev.attempt_id}")
-    if attempt.status in ATTEMPT_TERMINAL:
-        return _reject(state, ev, f"attempt {ev.attempt_id} already {attempt.status}")
-    is_latest = state.latest_attempt is not None and state.latest_attempt.attempt_id == ev.attempt_id
-    if is_latest and state.status in FINISHED:
+    changes: dict[str, object] = {"worker_id": ev.worker_id or attempt.worker_id}
+    if ev.error is not None:
+        changes["error"] = ev.error
+    return _set_attempt(state, ev, attempt, ev.status, ev.time, changes)
+
+
+def _attempt_update(state: RolloutState, ev: AttemptUpdated) -> Outcome:
+    if ev.attempt_id == "latest":
+        attempt = state.latest_attempt
+    else:
+        attempt = state.attempt(ev.attempt_id)
+    if attempt is None:
+        return _reject(state, ev, f"unknown attempt {ev.attempt_id}")
+    changes: dict[str, object] = {f: getattr(ev, f) for f in ev.set_fields if f != "status"}
+    if changes.get("metadata") is None and "metadata" in changes:
+        changes["metadata"] = {}
+    status = ev.status if "status" in ev.set_fields and ev.status is not None else None
+    return _set_attempt(state, ev, attempt, status, ev.time, changes)
+
+
+def _set_attempt(state: RolloutState, ev: Event, attempt: AttemptState, status: str | None, time: float,
+                 changes: dict[str, object]) -> Outcome:
+    """Change an attempt; a new status of the latest attempt drives the rollout's."""
+    if status is not None and attempt.status in ATTEMPT_TERMINAL:
+        return _reject(state, ev, f"attempt {attempt.attempt_id} already {attempt.status}")
+    is_latest = state.latest_attempt is not None and state.latest_attempt.attempt_id == attempt.attempt_id
+    if status is not None and is_latest and state.status in FINISHED:
         return _reject(state, ev, f"rollout already {state.status}")
-    updated = attempt.model_copy(update={
-        "status": ev.status,
-        "end_time": ev.time if ev.status in ATTEMPT_TERMINAL else attempt.end_time,
-        "error": ev.error if ev.error is not None else attempt.error,
-        "worker_id": ev.worker_id or attempt.worker_id,
-    })
-    changes: dict[str, object] = {"attempts": _replace_attempt(state, updated)}
-    offer = None
-    if is_latest:
-        status = rollout_status_from_attempt(state, updated)
+    if status is not None:
         changes["status"] = status
-        if status in FINISHED:
-            changes["end_time"] = ev.time
-        if status == "requeuing" and state.status != "requeuing":
-            offer = Offer(len(state.attempts) + 1)
-    return _accept(state, ev, offer, **changes)
-
-
-def _rollout_status(state: RolloutState, ev: RolloutStatusChanged) -> Outcome:
-    if state.status in FINISHED:
-        return _reject(state, ev, f"rollout already {state.status}; terminal states are final")
-    changes: dict[str, object] = {"status": ev.status}
-    if ev.status in FINISHED:
-        changes["end_time"] = ev.time
+        if status in ATTEMPT_TERMINAL:
+            changes["end_time"] = time
+    updated = attempt.model_copy(update=changes)
+    rollout_changes: dict[str, object] = {"attempts": _replace_attempt(state, updated)}
     offer = None
-    if ev.status in QUEUING and state.status not in QUEUING:
-        offer = Offer(len(state.attempts) + 1)
+    if status is not None and is_latest:
+        new_status = rollout_status_from_attempt(state, updated)
+        rollout_changes["status"] = new_status
+        if new_status in FINISHED:
+            rollout_changes["end_time"] = time
+        if new_status == "requeuing" and state.status != "requeuing":
+            offer = Offer(len(state.attempts) + 1)
+    return _accept(state, ev, offer, **rollout_changes)
+
+
+def _rollout_update(state: RolloutState, ev: Event, fields: dict[str, object], time: float) -> Outcome:
+    """update_rollout / a status set directly. Terminal states are final; other fields may still change."""
+    status = fields.get("status")
+    if status is not None and state.status in FINISHED:
+        return _reject(state, ev, f"rollout already {state.status}; terminal states are final")
+    changes: dict[str, object] = {k: v for k, v in fields.items() if k != "status" or v is not None}
+    if "metadata" in changes and changes["metadata"] is None:
+        changes["metadata"] = {}
+    if "config" in changes and changes["config"] is None:
+        return _reject(state, ev, "config cannot be null")
+    offer = None
+    if status is not None:
+        if status in FINISHED:
+            changes["end_time"] = time
+        if status in QUEUING and state.status not in QUEUING:
+            offer = Offer(len(state.attempts) + 1)
     return _accept(state, ev, offer, **changes)
 
 

@@ -26,10 +26,13 @@ from litstream.schemas.events import (
     AttemptHeartbeat,
     AttemptStarted,
     AttemptStatusChanged,
+    AttemptUpdated,
     EventFactory,
     RolloutEnqueued,
     RolloutOffered,
     RolloutStatusChanged,
+    RolloutUpdated,
+    SequenceRequested,
 )
 
 from . import fold
@@ -38,7 +41,8 @@ from .decisions import due, next_deadline
 from .state import RolloutState
 
 log = logging.getLogger("litstream.lifecycle")
-LIFECYCLE_EVENTS = (RolloutEnqueued, RolloutStatusChanged, AttemptStarted, AttemptHeartbeat, AttemptStatusChanged)
+LIFECYCLE_EVENTS = (RolloutEnqueued, RolloutStatusChanged, AttemptStarted, AttemptHeartbeat, AttemptStatusChanged,
+                    RolloutUpdated, AttemptUpdated, SequenceRequested)
 ROLE = "lifecycle"
 TICK_S = 0.1  # timer resolution: a deadline is seen at most this late (plus the trip through the log)
 REINDEX_EVERY_S = 30.0  # a full re-index now and then, in case a rebalance slipped between ticks
@@ -141,7 +145,7 @@ class LifecycleProcessor:
         if new is not None:
             self.table[rid] = {"partition": partition, "state": new.model_dump(mode="json")}
             self._arm(rid, new, partition)
-            snapshot = new.snapshot(event.meta, outcome.accepted, outcome.reason)
+            snapshot = new.snapshot(event.meta, outcome.accepted, outcome.reason, outcome.reserved)
             await self.state_topic.send(key=rid.encode(), value=self.codec.encode(snapshot))
         if not outcome.accepted:
             await self._dead_letter(dead(outcome.reason or "rejected", "rejected"))

@@ -32,6 +32,7 @@ class RolloutState(BaseModel):
     attempts: tuple[AttemptState, ...] = ()
     producers: dict[str, int] = Field(default_factory=dict)
     updated_ns: int = 0
+    next_sequence_id: int = 1  # span sequence ids handed out per rollout, strictly increasing
 
     @property
     def latest_attempt(self) -> AttemptState | None:
@@ -44,9 +45,10 @@ class RolloutState(BaseModel):
         return None
 
     def snapshot(self, last: EventMeta | None = None, accepted: bool = True,
-                 reason: str | None = None) -> RolloutSnapshot:
+                 reason: str | None = None, reserved: int | None = None) -> RolloutSnapshot:
         """The state for readers, with the outcome of the event that led to it."""
         return RolloutSnapshot(
+            next_sequence_id=self.next_sequence_id, last_reserved=reserved,
             last_event_id=last.event_id if last else None, last_producer_id=last.producer_id if last else None,
             last_producer_seq=last.producer_seq if last else None, last_accepted=accepted, last_reason=reason,
             rollout_id=self.rollout_id, version=self.version, input=self.input, start_time=self.start_time,

@@ -6,9 +6,12 @@ from litstream.schemas.events import (
     AttemptHeartbeat,
     AttemptStarted,
     AttemptStatusChanged,
+    AttemptUpdated,
     EventFactory,
     RolloutEnqueued,
     RolloutStatusChanged,
+    RolloutUpdated,
+    SequenceRequested,
 )
 from litstream.streams.fold import Offer, apply
 from litstream.streams.state import RolloutState
@@ -134,3 +137,71 @@ def test_snapshot_carries_the_state() -> None:
     log.fold(log.claim(1, "at-a"))
     snap = log.state.snapshot()  # type: ignore[union-attr]
     assert snap.rollout_id == RID and snap.version == 2 and snap.attempts[0].attempt_id == "at-a"
+
+
+def test_start_rollout_begins_with_an_attempt_and_no_offer() -> None:
+    log = Log()
+    ev = RolloutEnqueued(meta=log.f.meta(RID), input=1, start_time=1.0, start_attempt_id="at-s", worker_id="w")
+    out = log.fold(ev)
+    assert out.accepted and out.offer is None
+    s = log.state
+    assert s is not None and s.status == "preparing" and s.attempts[0].attempt_id == "at-s"
+    assert s.attempts[0].worker_id == "w" and s.attempts[0].sequence_id == 1
+
+
+def test_forced_attempts_bypass_the_queue_and_max_attempts_but_not_a_finished_rollout() -> None:
+    log = Log()
+    log.fold(log.enqueue())  # max_attempts 1
+    log.fold(log.claim(1, "at-a"))
+    forced = AttemptStarted(meta=log.f.meta(RID), attempt_id="at-b", sequence_id=99, start_time=3.0, force=True)
+    assert log.fold(forced).accepted
+    assert [a.sequence_id for a in log.state.attempts] == [1, 2]  # type: ignore[union-attr]
+    log.fold(log.attempt("at-b", "succeeded"))
+    again = AttemptStarted(meta=log.f.meta(RID), attempt_id="at-c", sequence_id=3, start_time=4.0, force=True)
+    assert not log.fold(again).accepted
+
+
+def test_update_rollout_changes_only_the_named_fields() -> None:
+    log = Log()
+    log.fold(log.enqueue())
+    upd = RolloutUpdated(meta=log.f.meta(RID), time=2.0, set_fields=["metadata", "mode"], metadata={"k": 1},
+                         mode="val")
+    assert log.fold(upd).accepted
+    s = log.state
+    assert s is not None and s.metadata == {"k": 1} and s.mode == "val" and s.input == {"q": 1}
+    log.fold(log.rollout("cancelled"))
+    late_meta = RolloutUpdated(meta=log.f.meta(RID), time=3.0, set_fields=["metadata"], metadata={"k": 2})
+    assert log.fold(late_meta).accepted  # a finished rollout's metadata may still change ...
+    late_status = RolloutUpdated(meta=log.f.meta(RID), time=3.0, set_fields=["status"], status="queuing")
+    assert not log.fold(late_status).accepted  # ... its status may not
+
+
+def test_update_rollout_back_to_queuing_offers_it_again() -> None:
+    log = Log()
+    log.fold(log.enqueue())
+    log.fold(log.claim(1, "at-a"))
+    out = log.fold(RolloutUpdated(meta=log.f.meta(RID), time=2.0, set_fields=["status"], status="requeuing"))
+    assert out.offer == Offer(2)
+
+
+def test_update_attempt_latest_drives_the_rollout() -> None:
+    log = Log()
+    log.fold(log.enqueue())
+    log.fold(log.claim(1, "at-a"))
+    upd = AttemptUpdated(meta=log.f.meta(RID), attempt_id="latest", time=5.0, set_fields=["status", "metadata"],
+                         status="succeeded", metadata={"m": 1})
+    assert log.fold(upd).accepted
+    s = log.state
+    assert s is not None and s.status == "succeeded" and s.attempts[0].metadata == {"m": 1}
+    assert s.attempts[0].end_time == 5.0
+
+
+def test_sequence_ids_are_reserved_in_increasing_blocks_and_move_past_explicit_ids() -> None:
+    log = Log()
+    log.fold(log.enqueue())
+    first = log.fold(SequenceRequested(meta=log.f.meta(RID), count=3))
+    second = log.fold(SequenceRequested(meta=log.f.meta(RID), count=1))
+    assert (first.reserved, second.reserved) == (1, 4)
+    log.fold(log.claim(1, "at-a"))
+    log.fold(AttemptHeartbeat(meta=log.f.meta(RID), attempt_id="at-a", time=3.0, max_sequence_id=41))
+    assert log.fold(SequenceRequested(meta=log.f.meta(RID))).reserved == 42

@@ -13,10 +13,13 @@ from litstream.schemas.events import (
     AttemptHeartbeat,
     AttemptStarted,
     AttemptStatusChanged,
+    AttemptUpdated,
     Event,
     EventFactory,
     RolloutEnqueued,
     RolloutStatusChanged,
+    RolloutUpdated,
+    SequenceRequested,
 )
 from litstream.schemas.models import ATTEMPT_STATUSES, ROLLOUT_STATUSES
 from litstream.streams.fold import apply
@@ -39,16 +42,35 @@ def rollout_log(draw: Any, rid: str, factories: dict[str, EventFactory]) -> list
     attempts: list[str] = []
     for t in range(draw(st.integers(0, 12))):
         now = 2.0 + t
-        kind = draw(st.sampled_from(["claim", "claim", "beat", "attempt", "attempt", "rollout"]))
+        kind = draw(st.sampled_from(["claim", "claim", "force", "beat", "attempt", "attempt", "rollout",
+                                     "update", "attempt_update", "sequence"]))
         who = draw(st.sampled_from(PRODUCERS))
         if kind == "claim":
             seq = draw(st.integers(1, len(attempts) + 2))
             aid = f"at-{rid[-2:]}{len(attempts)}{t}"
             attempts.append(aid)
             log.append(AttemptStarted(meta=meta(who), attempt_id=aid, sequence_id=seq, start_time=now))
+        elif kind == "force":
+            aid = f"at-{rid[-2:]}f{t}"
+            attempts.append(aid)
+            log.append(AttemptStarted(meta=meta(who), attempt_id=aid, sequence_id=1, start_time=now, force=True))
         elif kind == "beat":
             aid = draw(st.sampled_from(attempts)) if attempts else "at-unknown"
-            log.append(AttemptHeartbeat(meta=meta(who), attempt_id=aid, time=now))
+            log.append(AttemptHeartbeat(meta=meta(who), attempt_id=aid, time=now,
+                                        max_sequence_id=draw(st.one_of(st.none(), st.integers(1, 50)))))
+        elif kind == "update":
+            fields = draw(st.lists(st.sampled_from(["status", "metadata", "mode"]), unique=True, min_size=1))
+            log.append(RolloutUpdated(meta=meta(who), time=now, set_fields=fields,
+                                      status=draw(st.sampled_from(ROLLOUT_STATUSES)), metadata={"t": t},
+                                      mode=draw(st.sampled_from(["train", "val", None]))))
+        elif kind == "attempt_update":
+            aid = draw(st.sampled_from(attempts + ["latest"])) if attempts else "latest"
+            fields = draw(st.lists(st.sampled_from(["status", "metadata", "worker_id"]), unique=True, min_size=1))
+            log.append(AttemptUpdated(meta=meta(who), attempt_id=aid, time=now, set_fields=fields,
+                                      status=draw(st.sampled_from(ATTEMPT_STATUSES)), metadata={"t": t},
+                                      worker_id="w-upd"))
+        elif kind == "sequence":
+            log.append(SequenceRequested(meta=meta(who), count=draw(st.integers(1, 5))))
         elif kind == "attempt":
             aid = draw(st.sampled_from(attempts)) if attempts else "at-unknown"
             log.append(AttemptStatusChanged(meta=meta(who), attempt_id=aid, status=draw(st.sampled_from(ATTEMPT_STATUSES)),
