@@ -39,6 +39,8 @@ CATALOGUE: tuple[TopicSpec, ...] = (
               cleanup="compact", dlq=False),
     TopicSpec("resources", "resources_id", "Resources-published events (policy versions, prompts).", partitions=1),
     TopicSpec("triplets", "group_id", "(prompt, response, reward) triplets derived from spans."),
+    TopicSpec("workers", "worker_id", "Workers seen through their attempts and dequeues, and their heartbeats.",
+              cleanup="compact", partitions=1),
 )
 
 # Faust keeps the lifecycle table's changelog here; declared so it is created with the right partition count.
@@ -81,6 +83,10 @@ class Topics:
     @property
     def triplets(self) -> str:
         return self.name("triplets")
+
+    @property
+    def workers(self) -> str:
+        return self.name("workers")
 
     @property
     def faust_app_id(self) -> str:

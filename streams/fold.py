@@ -15,6 +15,7 @@ Rules (reference semantics, Agent Lightning 0.3, except where noted):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from litstream.schemas.events import (
     AttemptHeartbeat,
@@ -67,7 +68,7 @@ def _reject(state: RolloutState | None, event: Event, reason: str) -> Outcome:
 
 
 def _accept(state: RolloutState, event: Event, offer: Offer | None = None, reserved: int | None = None,
-            **changes: object) -> Outcome:
+            **changes: Any) -> Outcome:
     producers = dict(state.producers)
     producers[event.meta.producer_id] = event.meta.producer_seq
     new = state.model_copy(update={**changes, "producers": producers, "version": state.version + 1,
@@ -206,7 +207,7 @@ def _set_attempt(state: RolloutState, ev: Event, attempt: AttemptState, status: 
         if status in ATTEMPT_TERMINAL:
             changes["end_time"] = time
     updated = attempt.model_copy(update=changes)
-    rollout_changes: dict[str, object] = {"attempts": _replace_attempt(state, updated)}
+    rollout_changes: dict[str, Any] = {"attempts": _replace_attempt(state, updated)}
     offer = None
     if status is not None and is_latest:
         new_status = rollout_status_from_attempt(state, updated)
@@ -223,7 +224,7 @@ def _rollout_update(state: RolloutState, ev: Event, fields: dict[str, object], t
     status = fields.get("status")
     if status is not None and state.status in FINISHED:
         return _reject(state, ev, f"rollout already {state.status}; terminal states are final")
-    changes: dict[str, object] = {k: v for k, v in fields.items() if k != "status" or v is not None}
+    changes: dict[str, Any] = {k: v for k, v in fields.items() if k != "status" or v is not None}
     if "metadata" in changes and changes["metadata"] is None:
         changes["metadata"] = {}
     if "config" in changes and changes["config"] is None:

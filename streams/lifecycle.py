@@ -33,12 +33,14 @@ from litstream.schemas.events import (
     RolloutStatusChanged,
     RolloutUpdated,
     SequenceRequested,
+    WorkerObserved,
 )
 
 from . import fold
 from .deadletter import DeadLetter
 from .decisions import due, next_deadline
 from .state import RolloutState
+from .workers import worker_status_for
 
 log = logging.getLogger("litstream.lifecycle")
 LIFECYCLE_EVENTS = (RolloutEnqueued, RolloutStatusChanged, AttemptStarted, AttemptHeartbeat, AttemptStatusChanged,
@@ -95,6 +97,7 @@ class LifecycleProcessor:
         self.state_topic = self.app.topic(self.topics.state, partitions=settings.partitions, **raw)
         self.offers_topic = self.app.topic(self.topics.offers, partitions=settings.partitions, **raw)
         self.dlq_topic = self.app.topic(self.topics.dlq("rollout-events"), **raw)
+        self.workers_topic = self.app.topic(self.topics.workers, partitions=1, **raw)
         # Values are the state as JSON (the app's default serializer); the changelog makes them durable.
         self.table = self.app.Table(LIFECYCLE_TABLE, partitions=settings.partitions, key_type=str)
         self.app.agent(self.source, name="fold")(self._fold_stream)
@@ -151,11 +154,25 @@ class LifecycleProcessor:
             await self._dead_letter(dead(outcome.reason or "rejected", "rejected"))
             return
         self.stats["applied"] += 1
+        if new is not None:
+            await self._observe_worker(event, state, new)
         if outcome.offer is not None and new is not None:
             offer = RolloutOffered(meta=self.factory.meta(rid), attempt_sequence=outcome.offer.attempt_sequence,
                                    input=new.input, mode=new.mode, resources_id=new.resources_id, config=new.config,
                                    metadata=new.metadata)
             await self.offers_topic.send(key=rid.encode(), value=self.codec.encode(offer))
+
+    async def _observe_worker(self, event: Any, before: RolloutState | None, after: RolloutState) -> None:
+        """Workers are derived from attempts: tell the workers topic when an attempt's status or worker changed."""
+        old = {a.attempt_id: a for a in before.attempts} if before is not None else {}
+        for a in after.attempts:
+            prev = old.get(a.attempt_id)
+            if a.worker_id is None or (prev is not None and (prev.status, prev.worker_id) == (a.status, a.worker_id)):
+                continue
+            obs = WorkerObserved(**self.factory.stamp(), worker_id=a.worker_id, time=event.meta.timestamp_ns / 1e9,
+                                 kind="dequeue" if prev is None else "attempt", status=worker_status_for(a.status),
+                                 rollout_id=after.rollout_id, attempt_id=a.attempt_id)
+            await self.workers_topic.send(key=a.worker_id.encode(), value=self.codec.encode(obs))
 
     def _load(self, rid: str) -> RolloutState | None:
         raw = self.table.get(rid)

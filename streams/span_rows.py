@@ -13,7 +13,7 @@ SPAN_COLUMNS: list[str] = [
     "ResourceAttributes", "ScopeName", "ScopeVersion", "SpanAttributes", "Duration", "StatusCode", "StatusMessage",
     "Events.Timestamp", "Events.Name", "Events.Attributes",
     "Links.TraceId", "Links.SpanId", "Links.TraceState", "Links.Attributes",
-    "rollout_id", "attempt_id", "sequence_id", "resources_id", "ingested_ns",
+    "rollout_id", "attempt_id", "sequence_id", "resources_id", "ingested_ns", "raw_json",
 ]
 
 # OTLP's names for span kinds and status codes, as the collector's exporter writes them.
@@ -54,7 +54,7 @@ def span_columns(spans: list[SpanRecorded]) -> list[list[Any]]:
             [_attrs(e.attributes) for e in s.events],
             [ln.trace_id for ln in s.links], [ln.span_id for ln in s.links], [ln.trace_state for ln in s.links],
             [_attrs(ln.attributes) for ln in s.links],
-            s.rollout_id, s.attempt_id, s.sequence_id, s.resources_id or "", now,
+            s.rollout_id, s.attempt_id, s.sequence_id, s.resources_id or "", now, s.model_dump_json(),
         )
         for col, v in zip(cols, values):
             col.append(v)

@@ -35,6 +35,8 @@ CREATE TABLE IF NOT EXISTS {table}
     sequence_id UInt64 CODEC(Delta(8), ZSTD(1)),
     resources_id LowCardinality(String) CODEC(ZSTD(1)),
     ingested_ns UInt64 CODEC(Delta(8), ZSTD(1)),
+    -- The span as it was recorded (typed attributes, events, links), for lossless reads (query_spans).
+    raw_json String CODEC(ZSTD(3)),
     reward Nullable(Float64) MATERIALIZED if(
         SpanName = 'agentlightning.annotation' AND mapContains(SpanAttributes, 'agentlightning.reward.0.value'),
         toFloat64OrNull(SpanAttributes['agentlightning.reward.0.value']), NULL),

@@ -1,0 +1,557 @@
+"""The Store API: Agent Lightning 0.3's ``LightningStore`` methods, on the event log.
+
+Writes are events on Kafka; reads come from live views of the derived topics (``streams/views.py``) and, for
+spans, from ClickHouse. A write returns after the lifecycle processor has applied it and this process has seen
+the result (read-your-writes), so ``enqueue_rollout`` followed by ``get_rollout_by_id`` finds the rollout.
+
+Differences from the reference, on purpose: terminal rollout states are final (a late change is an error, not
+a resurrection); a span or sequence id for an unknown rollout is an error; span duplicates are recognised
+within this store's own writes (any others collapse in ClickHouse, see the README).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Any, Literal
+
+from confluent_kafka import KafkaError, TopicPartition
+
+from litstream.infra import clickhouse
+from litstream.infra.kafka import consumer
+from litstream.infra.settings import Settings
+from litstream.schemas.codec import DecodeError
+from litstream.schemas.events import (
+    AttemptHeartbeat,
+    AttemptStarted,
+    AttemptUpdated,
+    AvroRolloutConfig,
+    Event,
+    ResourceRecord,
+    ResourcesPublished,
+    RolloutEnqueued,
+    RolloutOffered,
+    RolloutSnapshot,
+    RolloutUpdated,
+    SequenceRequested,
+    SpanEventRecord,
+    SpanLinkRecord,
+    SpanRecorded,
+    WorkerObserved,
+)
+from litstream.schemas.models import (
+    FINISHED,
+    Attempt,
+    AttemptedRollout,
+    EnqueueRolloutRequest,
+    NamedResources,
+    PaginatedResult,
+    ResourcesUpdate,
+    Rollout,
+    RolloutConfig,
+    Span,
+    Worker,
+    new_attempt_id,
+    new_resources_id,
+    new_rollout_id,
+)
+from litstream.workers.producer import EventProducer
+
+from .resources import to_records
+from .state import rollout_from_snapshot
+from .views import ResourcesView, RolloutsView, WorkersView
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Any = _Unset()
+SortOrder = Literal["asc", "desc"]
+
+
+class StoreError(RuntimeError):
+    """The pipeline did not answer in time (a processor is down or far behind)."""
+
+
+def _paginate(items: list[Any], sort_by: str | None, sort_order: SortOrder, limit: int, offset: int) -> PaginatedResult[Any]:
+    if limit == 0:
+        raise ValueError("limit must be -1 (all) or positive")
+    if sort_by:
+        def key(x: Any) -> tuple[int, Any]:
+            v = getattr(x, sort_by, None)
+            return (v is None, v if v is not None else 0)
+        items = sorted(items, key=key, reverse=sort_order == "desc")
+    total = len(items)
+    page = items[offset:] if limit < 0 else items[offset:offset + limit]
+    return PaginatedResult(items=page, limit=limit, offset=offset, total=total)
+
+
+def _attempt(snap: RolloutSnapshot, a: Any) -> Attempt:
+    return Attempt(rollout_id=snap.rollout_id, attempt_id=a.attempt_id, sequence_id=a.sequence_id,
+                   start_time=a.start_time, end_time=a.end_time, status=a.status, worker_id=a.worker_id,
+                   last_heartbeat_time=a.last_heartbeat_time, metadata=a.metadata)
+
+
+class LitStore:
+    """Async, like the reference; safe to share between tasks of one event loop."""
+
+    def __init__(self, settings: Settings, wait_s: float = 30.0) -> None:
+        self.settings = settings
+        self.wait_s = wait_s
+        self.events = EventProducer(settings, role="store")
+        self.codec = self.events.codec
+        self.rollouts = RolloutsView(settings, self.codec)
+        self.resources = ResourcesView(settings, self.codec)
+        self.workers = WorkersView(settings, self.codec)
+        self._offers: Any = None
+        self._span_keys: OrderedDict[tuple[str, str, str], None] = OrderedDict()  # own writes, bounded
+        self._span_offsets: dict[int, int] = {}  # spans partition -> highest offset this store wrote
+        self._started = time.time()
+
+    @property
+    def capabilities(self) -> dict[str, bool]:
+        return {"thread_safe": True, "async_safe": True, "zero_copy": True, "otlp_traces": False}
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.events.flush)
+        for view in (self.rollouts, self.resources, self.workers):
+            view.close()
+        if self._offers is not None:
+            self._offers.close()
+
+    async def wait_until_ready(self, timeout: float = 30.0) -> None:
+        """Let the views read what is already on their topics."""
+        for view in (self.rollouts, self.resources, self.workers):
+            await asyncio.to_thread(view.caught_up, timeout)
+
+    # -- writing through the log ---------------------------------------------------------------------------
+
+    async def _write(self, event: Event) -> RolloutSnapshot:
+        """Produce a lifecycle event and return the snapshot that followed it (accepted or not)."""
+        fut = self.rollouts.expect(event.meta.event_id)
+        self.events.send(self.events.topics.rollout_events, event)
+        await asyncio.to_thread(self.events.flush)
+        return await self._outcome(fut, event)
+
+    async def _outcome(self, fut: Future[RolloutSnapshot], event: Event) -> RolloutSnapshot:
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(fut), timeout=self.wait_s)
+        except TimeoutError:
+            self.rollouts.forget(event.meta.event_id)
+            raise StoreError(f"no answer from the lifecycle processor within {self.wait_s:.0f}s for "
+                             f"{type(event).__name__} of {event.rollout_id}; is it running? (litstream status)") from None
+
+    @staticmethod
+    def _accepted(snap: RolloutSnapshot) -> RolloutSnapshot:
+        if not snap.last_accepted:
+            raise ValueError(snap.last_reason or "rejected")
+        return snap
+
+    def _known(self, rollout_id: str) -> RolloutSnapshot:
+        snap = self.rollouts.snapshots.get(rollout_id)
+        if snap is None:
+            raise ValueError(f"Rollout {rollout_id} not found")
+        return snap
+
+    def _latest_resources_id(self) -> str | None:
+        return self.resources.state.latest_id
+
+    def _enqueue_event(self, input: Any, mode: Any, resources_id: str | None, config: RolloutConfig | None,
+                       metadata: dict[str, Any] | None, **start: Any) -> RolloutEnqueued:
+        return RolloutEnqueued(
+            meta=self.events.factory.meta(new_rollout_id()), input=input, start_time=time.time(), mode=mode,
+            resources_id=resources_id or self._latest_resources_id(),  # new rollouts get the latest resources
+            config=AvroRolloutConfig(**(config.model_dump() if config else {})), metadata=metadata or {}, **start)
+
+    # -- rollouts ------------------------------------------------------------------------------------------
+
+    async def enqueue_rollout(self, input: Any, mode: Any = None, resources_id: str | None = None,
+                              config: RolloutConfig | None = None, metadata: dict[str, Any] | None = None) -> Rollout:
+        snap = self._accepted(await self._write(self._enqueue_event(input, mode, resources_id, config, metadata)))
+        return rollout_from_snapshot(snap)
+
+    async def enqueue_many_rollouts(self, rollouts: Sequence[EnqueueRolloutRequest]) -> list[Rollout]:
+        events = [self._enqueue_event(r.input, r.mode, r.resources_id, r.config, r.metadata) for r in rollouts]
+        futures = [self.rollouts.expect(e.meta.event_id) for e in events]
+        for e in events:
+            self.events.send(self.events.topics.rollout_events, e)
+        await asyncio.to_thread(self.events.flush)
+        snaps = [await self._outcome(f, e) for f, e in zip(futures, events)]
+        return [rollout_from_snapshot(self._accepted(s)) for s in snaps]
+
+    async def start_rollout(self, input: Any, mode: Any = None, resources_id: str | None = None,
+                            config: RolloutConfig | None = None, metadata: dict[str, Any] | None = None,
+                            worker_id: str | None = None) -> AttemptedRollout:
+        event = self._enqueue_event(input, mode, resources_id, config, metadata, start_attempt_id=new_attempt_id(),
+                                    worker_id=worker_id)
+        result = rollout_from_snapshot(self._accepted(await self._write(event)))
+        assert isinstance(result, AttemptedRollout)
+        return result
+
+    async def start_attempt(self, rollout_id: str, worker_id: str | None = None) -> AttemptedRollout:
+        snap = self._known(rollout_id)
+        event = AttemptStarted(meta=self.events.factory.meta(rollout_id), attempt_id=new_attempt_id(),
+                               sequence_id=len(snap.attempts) + 1, start_time=time.time(), worker_id=worker_id,
+                               force=True)
+        result = rollout_from_snapshot(self._accepted(await self._write(event)))
+        assert isinstance(result, AttemptedRollout)
+        return result
+
+    async def dequeue_rollout(self, worker_id: str | None = None) -> AttemptedRollout | None:
+        got = await self.dequeue_many_rollouts(limit=1, worker_id=worker_id)
+        return got[0] if got else None
+
+    async def dequeue_many_rollouts(self, *, limit: int = 1, worker_id: str | None = None) -> list[AttemptedRollout]:
+        """Non-blocking: claim up to ``limit`` rollouts on offer (FIFO per partition); stale offers are skipped."""
+        out: list[AttemptedRollout] = []
+        while len(out) < limit:
+            offer = await asyncio.to_thread(self._next_offer)
+            if offer is None:
+                break
+            event = AttemptStarted(meta=self.events.factory.meta(offer.rollout_id), attempt_id=new_attempt_id(),
+                                   sequence_id=offer.attempt_sequence, start_time=time.time(), worker_id=worker_id)
+            snap = await self._write(event)
+            self._offers.commit(asynchronous=False)  # the claim's outcome is known: the offer is handled
+            if snap.last_accepted:
+                result = rollout_from_snapshot(snap)
+                assert isinstance(result, AttemptedRollout)
+                out.append(result)
+        if not out and worker_id is not None:
+            await self._observe_worker(worker_id, "empty_dequeue")
+        return out
+
+    def _next_offer(self) -> RolloutOffered | None:
+        if self._offers is None:
+            self._offers = consumer(self.settings, group_id=f"{self.settings.topic_prefix}-runners",
+                                    **{"enable.auto.offset.store": True})
+            self._offers.subscribe([self.events.topics.offers])
+            # Joining the group takes a few seconds; only the first dequeue waits for it.
+            joined_by = time.monotonic() + 15.0
+            while not self._offers.assignment() and time.monotonic() < joined_by:
+                msg = self._offers.poll(0.1)
+                if msg is not None and msg.error() is None:
+                    return self._decode_offer(msg.value())
+        deadline = time.monotonic() + 0.05
+        while True:
+            msg = self._offers.poll(max(0.0, deadline - time.monotonic()))
+            if msg is None:
+                return None
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                return None
+            offer = self._decode_offer(msg.value())
+            if offer is not None:
+                return offer
+
+    def _decode_offer(self, value: bytes | None) -> RolloutOffered | None:
+        try:
+            return self.codec.decode_as(value, RolloutOffered)
+        except DecodeError:
+            return None  # the runners' path dead-letters these; here it is just not an offer
+
+    async def update_rollout(self, rollout_id: str, input: Any = UNSET, mode: Any = UNSET, resources_id: Any = UNSET,
+                             status: Any = UNSET, config: Any = UNSET, metadata: Any = UNSET) -> Rollout:
+        self._known(rollout_id)
+        given = {"input": input, "mode": mode, "resources_id": resources_id, "status": status, "config": config,
+                 "metadata": metadata}
+        fields = {k: v for k, v in given.items() if v is not UNSET}
+        if "status" in fields and fields["status"] is None:
+            raise ValueError("status cannot be null")
+        if "config" in fields:
+            if fields["config"] is None:
+                raise ValueError("config cannot be null")
+            cfg = fields["config"]
+            fields["config"] = AvroRolloutConfig(**(cfg.model_dump() if isinstance(cfg, RolloutConfig) else cfg))
+        event = RolloutUpdated(meta=self.events.factory.meta(rollout_id), time=time.time(), set_fields=list(fields),
+                               **fields)
+        return rollout_from_snapshot(self._accepted(await self._write(event)))
+
+    async def update_attempt(self, rollout_id: str, attempt_id: str, status: Any = UNSET, worker_id: Any = UNSET,
+                             last_heartbeat_time: Any = UNSET, metadata: Any = UNSET) -> Attempt:
+        snap = self._known(rollout_id)
+        if not snap.attempts:
+            raise ValueError(f"No attempts found for rollout {rollout_id}")
+        target = snap.attempts[-1].attempt_id if attempt_id == "latest" else attempt_id
+        if all(a.attempt_id != target for a in snap.attempts):
+            raise ValueError(f"Attempt {attempt_id} not found for rollout {rollout_id}")
+        given = {"status": status, "worker_id": worker_id, "last_heartbeat_time": last_heartbeat_time,
+                 "metadata": metadata}
+        fields = {k: v for k, v in given.items() if v is not UNSET}
+        if "status" in fields and fields["status"] is None:
+            raise ValueError("status cannot be null")
+        event = AttemptUpdated(meta=self.events.factory.meta(rollout_id), attempt_id=target, time=time.time(),
+                               set_fields=list(fields), **fields)
+        after = self._accepted(await self._write(event))
+        return next(_attempt(after, a) for a in after.attempts if a.attempt_id == target)
+
+    async def query_rollouts(self, *, status_in: Sequence[str] | None = None,
+                             rollout_id_in: Sequence[str] | None = None, rollout_id_contains: str | None = None,
+                             filter_logic: Literal["and", "or"] = "and", sort_by: str | None = None,
+                             sort_order: SortOrder = "asc", limit: int = -1, offset: int = 0,
+                             status: Sequence[str] | None = None,
+                             rollout_ids: Sequence[str] | None = None) -> PaginatedResult[Any]:
+        status_in = status_in if status_in is not None else status  # the reference's deprecated aliases
+        rollout_id_in = rollout_id_in if rollout_id_in is not None else rollout_ids
+        tests = []
+        if status_in is not None:
+            tests.append(lambda s: s.status in status_in)
+        if rollout_id_in is not None:
+            tests.append(lambda s: s.rollout_id in rollout_id_in)
+        if rollout_id_contains is not None:
+            tests.append(lambda s: rollout_id_contains in s.rollout_id)
+        combine = all if filter_logic == "and" else any
+        snaps = list(self.rollouts.snapshots.values())
+        chosen = [rollout_from_snapshot(s) for s in snaps if not tests or combine(t(s) for t in tests)]
+        return _paginate(chosen, sort_by, sort_order, limit, offset)
+
+    async def get_rollout_by_id(self, rollout_id: str) -> Rollout | None:
+        snap = self.rollouts.snapshots.get(rollout_id)
+        return rollout_from_snapshot(snap) if snap is not None else None
+
+    async def get_latest_attempt(self, rollout_id: str) -> Attempt | None:
+        snap = self.rollouts.snapshots.get(rollout_id)
+        return _attempt(snap, snap.attempts[-1]) if snap is not None and snap.attempts else None
+
+    async def query_attempts(self, rollout_id: str, *, sort_by: str = "sequence_id", sort_order: SortOrder = "asc",
+                             limit: int = -1, offset: int = 0) -> PaginatedResult[Attempt]:
+        snap = self.rollouts.snapshots.get(rollout_id)
+        attempts = [_attempt(snap, a) for a in snap.attempts] if snap is not None else []
+        return _paginate(attempts, sort_by, sort_order, limit, offset)
+
+    async def wait_for_rollouts(self, *, rollout_ids: list[str], timeout: float | None = None) -> list[Rollout]:
+        """The rollouts among ``rollout_ids`` that are finished when they all are or the time is up."""
+        def finished() -> list[Rollout] | None:
+            done = [rollout_from_snapshot(s) for rid in rollout_ids
+                    if (s := self.rollouts.snapshots.get(rid)) is not None and s.status in FINISHED]
+            known = [rid for rid in rollout_ids if rid in self.rollouts.snapshots]
+            return done if len(done) == len(known) and known else None
+
+        if timeout is not None and timeout <= 0:
+            return finished() or [rollout_from_snapshot(s) for rid in rollout_ids
+                                  if (s := self.rollouts.snapshots.get(rid)) is not None and s.status in FINISHED]
+        result = await asyncio.to_thread(self.rollouts.wait_for, finished, timeout if timeout is not None else 1e9)
+        if result is not None:
+            return result
+        return [rollout_from_snapshot(s) for rid in rollout_ids
+                if (s := self.rollouts.snapshots.get(rid)) is not None and s.status in FINISHED]
+
+    # -- span sequence ids and spans ------------------------------------------------------------------------
+
+    async def get_next_span_sequence_id(self, rollout_id: str, attempt_id: str) -> int:
+        return (await self.get_many_span_sequence_ids([(rollout_id, attempt_id)]))[0]
+
+    async def get_many_span_sequence_ids(self, rollout_attempt_ids: Sequence[tuple[str, str]]) -> list[int]:
+        """Each id is reserved through the rollout's partition, so ids are strictly increasing per rollout in the
+        order they are handed out, whichever process asks."""
+        events = []
+        for rid, aid in rollout_attempt_ids:
+            self._known(rid)
+            events.append(SequenceRequested(meta=self.events.factory.meta(rid), attempt_id=aid))
+        futures = [self.rollouts.expect(e.meta.event_id) for e in events]
+        for e in events:
+            self.events.send(self.events.topics.rollout_events, e)
+        await asyncio.to_thread(self.events.flush)
+        ids = []
+        for f, e in zip(futures, events):
+            snap = self._accepted(await self._outcome(f, e))
+            assert snap.last_reserved is not None
+            ids.append(snap.last_reserved)
+        return ids
+
+    def _span_event(self, span: Span) -> SpanRecorded:
+        def ns(t: float | None) -> int | None:
+            return None if t is None else int(round(t * 1e9))
+
+        return SpanRecorded(
+            meta=self.events.factory.meta(span.rollout_id), attempt_id=span.attempt_id,
+            sequence_id=span.sequence_id, trace_id=span.trace_id, span_id=span.span_id, parent_id=span.parent_id,
+            name=span.name, status_code=span.status.status_code, status_message=span.status.description,
+            start_time_ns=ns(span.start_time) or 0, end_time_ns=ns(span.end_time),
+            attributes=dict(span.attributes),  # type: ignore[arg-type]
+            events=[SpanEventRecord(name=e.name, timestamp_ns=ns(e.timestamp), attributes=dict(e.attributes))  # type: ignore[arg-type]
+                    for e in span.events],
+            links=[SpanLinkRecord(trace_id=ln.context.trace_id, span_id=ln.context.span_id,
+                                  attributes=dict(ln.attributes or {})) for ln in span.links],  # type: ignore[arg-type]
+            resource=ResourceRecord(attributes=dict(span.resource.attributes),  # type: ignore[arg-type]
+                                    schema_url=span.resource.schema_url),
+            resources_id=(self.rollouts.snapshots[span.rollout_id].resources_id
+                          if span.rollout_id in self.rollouts.snapshots else None),
+        )
+
+    def _on_span_delivered(self, err: Any, msg: Any) -> None:
+        if err is None:
+            p = int(msg.partition())
+            self._span_offsets[p] = max(self._span_offsets.get(p, -1), int(msg.offset()))
+
+    async def add_span(self, span: Span) -> Span | None:
+        added = await self.add_many_spans([span])
+        return added[0] if added else None
+
+    async def add_many_spans(self, spans: Sequence[Span]) -> list[Span]:
+        """Record spans; each counts as a heartbeat of its attempt. Returns those not already added."""
+        accepted: list[Span] = []
+        beats: dict[tuple[str, str], int] = {}
+        for span in spans:
+            snap = self._known(span.rollout_id)
+            if all(a.attempt_id != span.attempt_id for a in snap.attempts):
+                raise ValueError(f"Attempt {span.attempt_id} not found for rollout {span.rollout_id}")
+            key = (span.rollout_id, span.attempt_id, span.span_id)
+            if key in self._span_keys:
+                continue  # a duplicate of a span this store already wrote
+            self._span_keys[key] = None
+            if len(self._span_keys) > 200_000:
+                self._span_keys.popitem(last=False)
+            event = self._span_event(span)
+            value = self.codec.encode(event)
+            self.events._producer.produce(self.events.topics.spans, key=span.rollout_id.encode(), value=value,
+                                          on_delivery=self._on_span_delivered)
+            accepted.append(span)
+            k = (span.rollout_id, span.attempt_id)
+            beats[k] = max(beats.get(k, 0), span.sequence_id)
+        for (rid, aid), max_seq in beats.items():  # one heartbeat per attempt per batch, carrying the counter
+            self.events.send(self.events.topics.rollout_events, AttemptHeartbeat(
+                meta=self.events.factory.meta(rid), attempt_id=aid, time=time.time(), max_sequence_id=max_seq))
+        await asyncio.to_thread(self.events.flush)
+        return accepted
+
+    async def query_spans(self, rollout_id: str, attempt_id: str | None = None, *, name: str | None = None,
+                          name_contains: str | None = None, limit: int = -1, offset: int = 0,
+                          sort_by: str = "sequence_id", sort_order: SortOrder = "asc", **_: Any) -> PaginatedResult[Span]:
+        """Spans of a rollout (and attempt, or ``"latest"``), from ClickHouse once the sink has this store's writes."""
+        if attempt_id == "latest":
+            latest = await self.get_latest_attempt(rollout_id)
+            if latest is None:
+                return PaginatedResult(items=[], limit=limit, offset=offset, total=0)
+            attempt_id = latest.attempt_id
+        await asyncio.to_thread(self._wait_for_sink)
+        where = [f"rollout_id = {_quote(rollout_id)}"]
+        if attempt_id is not None:
+            where.append(f"attempt_id = {_quote(attempt_id)}")
+        if name is not None:
+            where.append(f"SpanName = {_quote(name)}")
+        if name_contains is not None:
+            where.append(f"position(SpanName, {_quote(name_contains)}) > 0")
+        sql = f"SELECT raw_json FROM spans FINAL WHERE {' AND '.join(where)} ORDER BY sequence_id"
+        rows = (await asyncio.to_thread(clickhouse.query, self.settings.resolved_clickhouse_dsn, sql)).rows
+        spans = [span_from_record(SpanRecorded.model_validate_json(r[0])) for r in rows]
+        return _paginate(spans, sort_by, sort_order, limit, offset)
+
+    def _wait_for_sink(self, timeout: float = 30.0) -> None:
+        """Read-your-writes for spans: wait until the sink has committed past what this store produced."""
+        if not self._span_offsets:
+            return
+        c = consumer(self.settings, group_id=f"{self.settings.topic_prefix}-span-sink")
+        try:
+            deadline = time.monotonic() + timeout
+            wanted = [TopicPartition(self.events.topics.spans, p) for p in self._span_offsets]
+            while time.monotonic() < deadline:
+                committed = c.committed(wanted, timeout=5.0)
+                if all(tp.offset > self._span_offsets[tp.partition] for tp in committed):
+                    return
+                time.sleep(0.05)
+        finally:
+            c.close()
+        raise StoreError("the span sink has not stored this store's spans yet; is it running? (litstream status)")
+
+    # -- resources -----------------------------------------------------------------------------------------
+
+    async def add_resources(self, resources: NamedResources) -> ResourcesUpdate:
+        return await self.update_resources(new_resources_id(), resources)
+
+    async def update_resources(self, resources_id: str, resources: NamedResources) -> ResourcesUpdate:
+        now = time.time()
+        event = ResourcesPublished(**self.events.factory.stamp(), resources_id=resources_id, version=1,
+                                   create_time=now, update_time=now, resources=to_records(resources))
+        self.events.send(self.events.topics.resources, event)
+        await asyncio.to_thread(self.events.flush)
+        seen = await asyncio.to_thread(self.resources.wait_for,
+                                       lambda: True if event.event_id in self.resources.seen_events else None,
+                                       self.wait_s)
+        if seen is None:
+            raise StoreError("the resources topic did not return the update in time")
+        return self.resources.state.by_id[resources_id]
+
+    async def get_latest_resources(self) -> ResourcesUpdate | None:
+        return self.resources.state.latest
+
+    async def get_resources_by_id(self, resources_id: str) -> ResourcesUpdate | None:
+        return self.resources.state.by_id.get(resources_id)
+
+    async def query_resources(self, *, resources_id: str | None = None, resources_id_contains: str | None = None,
+                              sort_by: str | None = None, sort_order: SortOrder = "asc", limit: int = -1,
+                              offset: int = 0) -> PaginatedResult[ResourcesUpdate]:
+        items = [r for r in self.resources.state.by_id.values()
+                 if (resources_id is None or r.resources_id == resources_id)
+                 and (resources_id_contains is None or resources_id_contains in r.resources_id)]
+        return _paginate(items, sort_by, sort_order, limit, offset)
+
+    # -- workers -------------------------------------------------------------------------------------------
+
+    async def _observe_worker(self, worker_id: str, kind: Literal["empty_dequeue", "heartbeat"],
+                              stats: dict[str, Any] | None = None) -> WorkerObserved:
+        event = WorkerObserved(**self.events.factory.stamp(), worker_id=worker_id, time=time.time(), kind=kind,
+                               heartbeat_stats=stats)
+        self.events.send(self.events.topics.workers, event)
+        await asyncio.to_thread(self.events.flush)
+        await asyncio.to_thread(self.workers.wait_for,
+                                lambda: True if event.event_id in self.workers.seen_events else None, self.wait_s)
+        return event
+
+    async def update_worker(self, worker_id: str, heartbeat_stats: Any = UNSET) -> Worker:
+        await self._observe_worker(worker_id, "heartbeat", None if heartbeat_stats is UNSET else heartbeat_stats)
+        return self.workers.workers[worker_id]
+
+    async def get_worker_by_id(self, worker_id: str) -> Worker | None:
+        return self.workers.workers.get(worker_id)
+
+    async def query_workers(self, *, status_in: Sequence[str] | None = None, worker_id_contains: str | None = None,
+                            filter_logic: Literal["and", "or"] = "and", sort_by: str | None = None,
+                            sort_order: SortOrder = "asc", limit: int = -1, offset: int = 0) -> PaginatedResult[Worker]:
+        tests = []
+        if status_in is not None:
+            tests.append(lambda w: w.status in status_in)
+        if worker_id_contains is not None:
+            tests.append(lambda w: worker_id_contains in w.worker_id)
+        combine = all if filter_logic == "and" else any
+        items = [w for w in self.workers.workers.values() if not tests or combine(t(w) for t in tests)]
+        return _paginate(items, sort_by, sort_order, limit, offset)
+
+    async def statistics(self) -> dict[str, Any]:
+        snaps = self.rollouts.snapshots.values()
+        return {"name": "LitStore", "total_rollouts": len(snaps), "total_attempts": sum(len(s.attempts) for s in snaps),
+                "total_resources": len(self.resources.state.by_id), "total_workers": len(self.workers.workers),
+                "uptime": time.time() - self._started}
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def span_from_record(s: SpanRecorded) -> Span:
+    """A recorded span in the reference's shape (times in seconds)."""
+    from litstream.schemas.models import Event as SpanEvent
+    from litstream.schemas.models import Link, OtelResource, SpanContext, TraceStatus
+
+    return Span(
+        rollout_id=s.rollout_id, attempt_id=s.attempt_id, sequence_id=s.sequence_id, trace_id=s.trace_id,
+        span_id=s.span_id, parent_id=s.parent_id, name=s.name,
+        status=TraceStatus(status_code=s.status_code, description=s.status_message),
+        attributes=dict(s.attributes),
+        events=[SpanEvent(name=e.name, attributes=dict(e.attributes),
+                          timestamp=None if e.timestamp_ns is None else e.timestamp_ns / 1e9) for e in s.events],
+        links=[Link(context=SpanContext(trace_id=ln.trace_id, span_id=ln.span_id), attributes=dict(ln.attributes))
+               for ln in s.links],
+        start_time=s.start_time_ns / 1e9, end_time=None if s.end_time_ns is None else s.end_time_ns / 1e9,
+        context=SpanContext(trace_id=s.trace_id, span_id=s.span_id), parent=None,
+        resource=OtelResource(attributes=dict(s.resource.attributes), schema_url=s.resource.schema_url),
+    )
+
+
+__all__ = ["LitStore", "UNSET", "StoreError", "span_from_record"]

@@ -1,0 +1,157 @@
+"""Live read models: a background thread follows a topic and folds it into memory, so reads are local.
+
+Each view also answers "has my write been applied yet?" (read-your-writes): writers wait on a condition the
+follower signals after every batch.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+
+from litstream.infra.kafka import admin, consumer
+from litstream.infra.settings import Settings
+from litstream.schemas.codec import Codec, DecodeError
+from litstream.schemas.events import AvroModel, ResourcesPublished, RolloutSnapshot, WorkerObserved
+from litstream.schemas.models import Worker
+
+from .resources import ResourcesState, apply_resources
+from .workers import apply_worker
+
+T = TypeVar("T")
+
+
+class TopicFollower:
+    """Reads ``topic`` from the beginning in a daemon thread and hands each decoded record to ``on_record``."""
+
+    record_type: type[AvroModel] = AvroModel
+
+    def __init__(self, settings: Settings, topic: str, codec: Codec) -> None:
+        self.topic = topic
+        self.codec = codec
+        self.undecodable = 0
+        meta = admin(settings).list_topics(topic=topic, timeout=10.0).topics.get(topic)
+        if meta is None or meta.error is not None:
+            raise LookupError(f"topic {topic} does not exist; run `litstream topics create` (or `litstream up`)")
+        self._parts = sorted(meta.partitions)
+        self._consumer = consumer(settings, group_id=f"view-{os.getpid()}-{time.monotonic_ns()}",
+                                  **{"enable.partition.eof": True})
+        self._consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in self._parts])
+        self._at_end: set[int] = set()
+        self._batches = 0
+        self.changed = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"follow-{topic}", daemon=True)
+        self._thread.start()
+
+    def on_record(self, record: Any) -> None:
+        raise TypeError(f"{type(self).__name__} must handle its records")
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            msgs = self._consumer.consume(num_messages=1000, timeout=0.1)
+            with self.changed:
+                for msg in msgs:
+                    err = msg.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            self._at_end.add(int(msg.partition() or 0))
+                        continue
+                    self._at_end.discard(int(msg.partition() or 0))
+                    try:
+                        record = self.codec.decode_as(msg.value(), self.record_type)
+                    except DecodeError:
+                        self.undecodable += 1
+                        continue
+                    self.on_record(record)
+                self._batches += 1
+                self.changed.notify_all()
+
+    def wait_for(self, predicate: Callable[[], T | None], timeout: float) -> T | None:
+        """Block until ``predicate()`` returns something (checked after every batch) or the time is up."""
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while True:
+                found = predicate()
+                if found is not None:
+                    return found
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.changed.wait(left)
+
+    def caught_up(self, timeout: float = 30.0) -> bool:
+        """Wait until every partition has been read to its end at least once since now."""
+        start = self._batches
+        return self.wait_for(lambda: True if self._batches > start + 1 and self._at_end == set(self._parts)
+                             else None, timeout) is not None
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._consumer.close()
+
+
+class RolloutsView(TopicFollower):
+    """The newest snapshot of every rollout, and the outcome of events this process is waiting for."""
+
+    record_type = RolloutSnapshot
+
+    def __init__(self, settings: Settings, codec: Codec) -> None:
+        self.snapshots: dict[str, RolloutSnapshot] = {}
+        self._waiters: dict[str, Future[RolloutSnapshot]] = {}
+        super().__init__(settings, f"{settings.topic_prefix}.rollout-state", codec)
+
+    def expect(self, event_id: str) -> Future[RolloutSnapshot]:
+        """Register before producing the event: the future gets the snapshot that follows it."""
+        fut: Future[RolloutSnapshot] = Future()
+        with self.changed:
+            self._waiters[event_id] = fut
+        return fut
+
+    def forget(self, event_id: str) -> None:
+        with self.changed:
+            self._waiters.pop(event_id, None)
+
+    def on_record(self, snap: RolloutSnapshot) -> None:
+        current = self.snapshots.get(snap.rollout_id)
+        if current is None or snap.version >= current.version:  # same version: a later outcome snapshot
+            self.snapshots[snap.rollout_id] = snap
+        if snap.last_event_id is not None:
+            fut = self._waiters.pop(snap.last_event_id, None)
+            if fut is not None:
+                fut.set_result(snap)
+
+
+class ResourcesView(TopicFollower):
+    record_type = ResourcesPublished
+
+    def __init__(self, settings: Settings, codec: Codec) -> None:
+        self.state = ResourcesState()
+        self.seen_events: set[str] = set()
+        super().__init__(settings, f"{settings.topic_prefix}.resources", codec)
+
+    def on_record(self, ev: ResourcesPublished) -> None:
+        apply_resources(self.state, ev)
+        self.seen_events.add(ev.event_id)
+
+
+class WorkersView(TopicFollower):
+    record_type = WorkerObserved
+
+    def __init__(self, settings: Settings, codec: Codec) -> None:
+        self.workers: dict[str, Worker] = {}
+        self.seen_events: set[str] = set()
+        super().__init__(settings, f"{settings.topic_prefix}.workers", codec)
+
+    def on_record(self, ev: WorkerObserved) -> None:
+        if ev.event_id in self.seen_events:
+            return
+        self.seen_events.add(ev.event_id)
+        self.workers[ev.worker_id] = apply_worker(self.workers.get(ev.worker_id), ev)

@@ -1,0 +1,123 @@
+"""The Store API (the reference's LightningStore methods) on the real pipeline: lifecycle processor and span
+sink as processes, the store in this process."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from litstream.infra.settings import Settings
+from litstream.infra.stack import Stack
+from litstream.schemas.models import LLM, PromptTemplate, RolloutConfig, Span
+from litstream.streams.store import LitStore
+
+
+@pytest.fixture
+def pipeline(settings: Settings) -> Iterator[Settings]:
+    with Stack(settings) as s:
+        s.start("lifecycle", "process", "lifecycle")
+        s.start("span-sink", "process", "span-sink")
+        s.wait_ready("lifecycle", "lifecycle")
+        s.wait_ready("span-sink", "span-sink", key="inserted")
+        yield settings
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def make_span(rid: str, aid: str, seq: int, name: str = "chat", **attrs: Any) -> Span:
+    now = time.time()
+    return Span(rollout_id=rid, attempt_id=aid, sequence_id=seq, trace_id="1" * 32, span_id=f"{seq:016x}",
+                parent_id=None, name=name, attributes=attrs, start_time=now, end_time=now + 0.01)
+
+
+def test_store_api(pipeline: Settings) -> None:
+    async def scenario() -> None:
+        store = LitStore(pipeline)
+        await store.wait_until_ready()
+        try:
+            # resources: add, update (version+1), latest; new rollouts are stamped with the latest
+            r1 = await store.add_resources({"main_llm": LLM(endpoint="http://127.0.0.1:1/v1", model="m")})
+            assert r1.version == 1 and r1.resources_id.startswith("rs-")
+            r1b = await store.update_resources(r1.resources_id, {"prompt": PromptTemplate(template="Q: {q}")})
+            assert r1b.version == 2 and (await store.get_latest_resources()).resources_id == r1.resources_id  # type: ignore[union-attr]
+
+            ro = await store.enqueue_rollout({"q": 1}, mode="train", config=RolloutConfig(max_attempts=2,
+                                                                                          retry_condition=["failed"]))
+            assert ro.status == "queuing" and ro.resources_id == r1.resources_id
+            assert (await store.get_rollout_by_id(ro.rollout_id)) is not None  # read-your-writes
+
+            claimed = await store.dequeue_rollout(worker_id="w-1")
+            assert claimed is not None and claimed.rollout_id == ro.rollout_id
+            assert claimed.status == "preparing" and claimed.attempt.sequence_id == 1
+            assert await store.dequeue_rollout(worker_id="w-2") is None  # nothing else on offer
+
+            # spans: sequence ids from the store, heartbeats promote the attempt, read back from ClickHouse
+            aid = claimed.attempt.attempt_id
+            seqs = [await store.get_next_span_sequence_id(ro.rollout_id, aid) for _ in range(3)]
+            assert seqs == sorted(seqs) and len(set(seqs)) == 3
+            added = await store.add_many_spans([make_span(ro.rollout_id, aid, s, reward=0.5) for s in seqs])
+            assert len(added) == 3
+            assert await store.add_span(make_span(ro.rollout_id, aid, seqs[0])) is None  # duplicate
+            with pytest.raises(ValueError, match="not found"):
+                await store.add_span(make_span("ro-nope", aid, 1))
+            spans = await store.query_spans(ro.rollout_id, "latest")
+            assert [s.sequence_id for s in spans.items] == seqs
+            assert spans.items[0].attributes["reward"] == 0.5  # typed attributes survive
+            assert (await store.get_next_span_sequence_id(ro.rollout_id, aid)) > seqs[-1]
+
+            latest = await store.get_latest_attempt(ro.rollout_id)
+            assert latest is not None and latest.status == "running" and latest.last_heartbeat_time
+
+            # a failure retries (requeuing); a forced attempt; then success finishes it
+            await store.update_attempt(ro.rollout_id, "latest", status="failed")
+            assert (await store.get_rollout_by_id(ro.rollout_id)).status == "requeuing"  # type: ignore[union-attr]
+            second = await store.start_attempt(ro.rollout_id, worker_id="w-1")
+            assert second.attempt.sequence_id == 2
+            att = await store.update_attempt(ro.rollout_id, second.attempt.attempt_id, status="succeeded",
+                                             metadata={"score": 1})
+            assert att.end_time is not None and att.metadata == {"score": 1}
+            done = await store.wait_for_rollouts(rollout_ids=[ro.rollout_id, "ro-unknown"], timeout=10)
+            assert [r.status for r in done] == ["succeeded"]
+            with pytest.raises(ValueError, match="terminal"):
+                await store.update_rollout(ro.rollout_id, status="queuing")
+            meta = await store.update_rollout(ro.rollout_id, metadata={"note": "kept"})
+            assert meta.metadata == {"note": "kept"} and meta.status == "succeeded"
+
+            attempts = await store.query_attempts(ro.rollout_id)
+            assert [a.status for a in attempts.items] == ["failed", "succeeded"]
+
+            # start_rollout bypasses the queue
+            started = await store.start_rollout({"q": 2}, worker_id="w-3")
+            assert started.status == "preparing" and started.attempt.worker_id == "w-3"
+
+            many = await store.enqueue_many_rollouts([])
+            assert many == []
+            page = await store.query_rollouts(status_in=["succeeded", "preparing"], sort_by="start_time",
+                                              limit=1, offset=1)
+            assert page.total == 2 and len(page.items) == 1 and page.items[0].rollout_id == started.rollout_id
+            with pytest.raises(ValueError):
+                await store.query_rollouts(limit=0)
+
+            # workers: derived from attempts, plus their own heartbeats
+            w = await store.update_worker("w-1", heartbeat_stats={"gpu": 0.5})
+            assert w.heartbeat_stats == {"gpu": 0.5}
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                w3 = await store.get_worker_by_id("w-3")
+                if w3 is not None and w3.status == "busy":
+                    break
+                await asyncio.sleep(0.1)
+            assert w3 is not None and w3.status == "busy" and w3.current_rollout_id == started.rollout_id
+            idle = await store.query_workers(status_in=["idle"])
+            # w-1's attempt succeeded; w-2 found nothing to dequeue: both idle, as in the reference
+            assert sorted(x.worker_id for x in idle.items) == ["w-1", "w-2"]
+        finally:
+            await store.close()
+
+    run(scenario())
