@@ -144,10 +144,3 @@ def flush_or_raise(p: Producer, timeout: float = 30.0) -> None:
     if left:
         raise TimeoutError(f"{left} messages were not delivered within {timeout:.0f}s; is the broker up?")
 
-
-def tail_start_offset(settings: Settings) -> int:
-    """Where a follower that only needs new records starts: the end on Apache Kafka; the beginning on the embedded
-    broker, whose end offsets cannot be trusted (followers there skip what they do not need)."""
-    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END
-
-    return OFFSET_BEGINNING if settings.profile == "local" else OFFSET_END

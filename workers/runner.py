@@ -26,8 +26,8 @@ from litstream.schemas.codec import DecodeError
 from litstream.schemas.events import AttemptStarted, RolloutOffered
 from litstream.schemas.models import new_attempt_id
 from litstream.streams.deadletter import DeadLetter
+from litstream.streams.views import RolloutsView
 
-from .claims import ClaimWatcher
 from .producer import EventProducer
 from .sdk import AttemptContext
 
@@ -62,7 +62,7 @@ class Runner:
         self.stop_event = threading.Event()
         self.stats = {"claimed": 0, "claims_lost": 0, "succeeded": 0, "failed": 0, "spans": 0}
         self.claim_wait_s = claim_wait_s
-        self.claims = ClaimWatcher(settings, self.events.codec)
+        self.claims = RolloutsView(settings, self.events.codec)  # tells whether each claim won
         self._slots = threading.Semaphore(concurrency)
         self._stats_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="agent")
@@ -126,7 +126,8 @@ class Runner:
         self.events.send(self.events.topics.rollout_events, claim)
         self.events.flush()  # the claim is durable before the offer is committed
         try:
-            accepted, reason = answer.result(timeout=self.claim_wait_s)
+            outcome = answer.result(timeout=self.claim_wait_s)
+            accepted, reason = outcome.last_accepted, outcome.last_reason
         except TimeoutError:
             # No answer (the lifecycle processor is down or far behind): run anyway. If the claim lost, the fold
             # rejects this attempt's events; if it won, the work is not wasted.
