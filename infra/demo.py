@@ -134,8 +134,9 @@ def print_result(result: DemoResult, as_json: bool) -> None:
                       "" if r["reward"] is None else f"{r['reward']:.1f}")
     if not as_json:
         console.print(table)
+        reward = "n/a" if result.mean_reward is None else f"{result.mean_reward:.2f}"
         console.print(f"spans emitted: {result.spans_emitted}   spans in ClickHouse: {result.spans_in_clickhouse}   "
-                      f"mean reward: {result.mean_reward}   took {result.seconds:.1f}s")
+                      f"mean reward: {reward}   took {result.seconds:.1f}s")
     else:
         Console(stderr=True).print(table)
         sys.stdout.write(json.dumps(result.summary()) + "\n")

@@ -109,6 +109,7 @@ class LitStore:
         self.resources = ResourcesView(settings, self.codec)
         self.workers = WorkersView(settings, self.codec)
         self._offers: Any = None
+        self._offers_at_end: set[int] = set()  # offer partitions read to their end: the queue is empty there
         self._span_keys: OrderedDict[tuple[str, str, str], None] = OrderedDict()  # own writes, bounded
         self._span_offsets: dict[int, int] = {}  # spans partition -> highest offset this store wrote
         self._started = time.time()
@@ -225,10 +226,11 @@ class LitStore:
             await self._observe_worker(worker_id, "empty_dequeue")
         return out
 
-    def _next_offer(self) -> RolloutOffered | None:
+    def _next_offer(self, cap_s: float = 2.0) -> RolloutOffered | None:
+        """The next offer, or None once every assigned partition is known to be at its end (the queue is empty)."""
         if self._offers is None:
             self._offers = consumer(self.settings, group_id=f"{self.settings.topic_prefix}-runners",
-                                    **{"enable.auto.offset.store": True})
+                                    **{"enable.auto.offset.store": True, "enable.partition.eof": True})
             self._offers.subscribe([self.events.topics.offers])
             # Joining the group takes a few seconds; only the first dequeue waits for it.
             joined_by = time.monotonic() + 15.0
@@ -236,19 +238,24 @@ class LitStore:
                 msg = self._offers.poll(0.1)
                 if msg is not None and msg.error() is None:
                     return self._decode_offer(msg.value())
-        deadline = time.monotonic() + 0.05
-        while True:
-            msg = self._offers.poll(max(0.0, deadline - time.monotonic()))
+        deadline = time.monotonic() + cap_s
+        while time.monotonic() < deadline:
+            assigned = {tp.partition for tp in self._offers.assignment()}
+            msg = self._offers.poll(0.02)
             if msg is None:
-                return None
+                if assigned <= self._offers_at_end:
+                    return None
+                continue
             err = msg.error()
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
-                    continue
-                return None
+                    self._offers_at_end.add(int(msg.partition() or 0))
+                continue
+            self._offers_at_end.discard(int(msg.partition() or 0))
             offer = self._decode_offer(msg.value())
             if offer is not None:
                 return offer
+        return None
 
     def _decode_offer(self, value: bytes | None) -> RolloutOffered | None:
         try:
@@ -421,24 +428,36 @@ class LitStore:
         await asyncio.to_thread(self.events.flush)
         return accepted
 
-    async def query_spans(self, rollout_id: str, attempt_id: str | None = None, *, name: str | None = None,
-                          name_contains: str | None = None, limit: int = -1, offset: int = 0,
-                          sort_by: str = "sequence_id", sort_order: SortOrder = "asc", **_: Any) -> PaginatedResult[Span]:
-        """Spans of a rollout (and attempt, or ``"latest"``), from ClickHouse once the sink has this store's writes."""
+    async def query_spans(self, rollout_id: str, attempt_id: str | None = None, *, trace_id: str | None = None,
+                          trace_id_contains: str | None = None, span_id: str | None = None,
+                          span_id_contains: str | None = None, parent_id: str | None = None,
+                          parent_id_contains: str | None = None, name: str | None = None,
+                          name_contains: str | None = None, filter_logic: Literal["and", "or"] = "and",
+                          limit: int = -1, offset: int = 0, sort_by: str = "sequence_id",
+                          sort_order: SortOrder = "asc") -> PaginatedResult[Span]:
+        """Spans of a rollout (and attempt, or ``"latest"``), from ClickHouse once the sink has this store's
+        writes. The rollout and attempt always apply; the other filters combine with ``filter_logic``."""
         if attempt_id == "latest":
             latest = await self.get_latest_attempt(rollout_id)
             if latest is None:
                 return PaginatedResult(items=[], limit=limit, offset=offset, total=0)
             attempt_id = latest.attempt_id
         await asyncio.to_thread(self._wait_for_sink)
-        where = [f"rollout_id = {_quote(rollout_id)}"]
+        must = [f"rollout_id = {_quote(rollout_id)}"]
         if attempt_id is not None:
-            where.append(f"attempt_id = {_quote(attempt_id)}")
-        if name is not None:
-            where.append(f"SpanName = {_quote(name)}")
-        if name_contains is not None:
-            where.append(f"position(SpanName, {_quote(name_contains)}) > 0")
-        sql = f"SELECT raw_json FROM spans FINAL WHERE {' AND '.join(where)} ORDER BY sequence_id"
+            must.append(f"attempt_id = {_quote(attempt_id)}")
+        filters = []
+        for column, exact, contains in (("TraceId", trace_id, trace_id_contains), ("SpanId", span_id, span_id_contains),
+                                        ("ParentSpanId", parent_id, parent_id_contains),
+                                        ("SpanName", name, name_contains)):
+            if exact is not None:
+                filters.append(f"{column} = {_quote(exact)}")
+            if contains is not None:
+                filters.append(f"position({column}, {_quote(contains)}) > 0")
+        where = " AND ".join(must)
+        if filters:
+            where += " AND (" + f" {filter_logic.upper()} ".join(filters) + ")"
+        sql = f"SELECT raw_json FROM spans FINAL WHERE {where} ORDER BY sequence_id"
         rows = (await asyncio.to_thread(clickhouse.query, self.settings.resolved_clickhouse_dsn, sql)).rows
         spans = [span_from_record(SpanRecorded.model_validate_json(r[0])) for r in rows]
         return _paginate(spans, sort_by, sort_order, limit, offset)

@@ -69,6 +69,10 @@ def test_store_api(pipeline: Settings) -> None:
             spans = await store.query_spans(ro.rollout_id, "latest")
             assert [s.sequence_id for s in spans.items] == seqs
             assert spans.items[0].attributes["reward"] == 0.5  # typed attributes survive
+            one = await store.query_spans(ro.rollout_id, span_id=f"{seqs[1]:016x}", name_contains="zzz",
+                                          filter_logic="or")
+            assert [s.sequence_id for s in one.items] == [seqs[1]]
+            assert (await store.query_spans(ro.rollout_id, name="nope")).total == 0
             assert (await store.get_next_span_sequence_id(ro.rollout_id, aid)) > seqs[-1]
 
             latest = await store.get_latest_attempt(ro.rollout_id)
