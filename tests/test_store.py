@@ -125,3 +125,28 @@ def test_store_api(pipeline: Settings) -> None:
             await store.close()
 
     run(scenario())
+
+
+def test_sequence_ids_from_many_writers_are_unique_and_increasing(pipeline: Settings) -> None:
+    async def scenario() -> None:
+        a, b = LitStore(pipeline), LitStore(pipeline)
+        try:
+            ro = await a.start_rollout({"q": 3})
+            aid = ro.attempt.attempt_id
+            await b.wait_until_ready()
+
+            async def ask(store: LitStore, n: int) -> list[int]:
+                return [await store.get_next_span_sequence_id(ro.rollout_id, aid) for _ in range(n)]
+
+            got_a, got_b, batch = await asyncio.gather(
+                ask(a, 8), ask(b, 8), b.get_many_span_sequence_ids([(ro.rollout_id, aid)] * 5))
+            everything = got_a + got_b + batch
+            assert len(set(everything)) == len(everything) == 21
+            for ids in (got_a, got_b, batch):
+                assert ids == sorted(ids)  # each writer sees them strictly increasing
+            assert min(everything) == 1 and max(everything) == 21
+        finally:
+            await a.close()
+            await b.close()
+
+    run(scenario())

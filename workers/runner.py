@@ -125,9 +125,11 @@ class Runner:
         answer = self.claims.expect(claim.meta.event_id)
         self.events.send(self.events.topics.rollout_events, claim)
         self.events.flush()  # the claim is durable before the offer is committed
+        first_seq = 1
         try:
             outcome = answer.result(timeout=self.claim_wait_s)
             accepted, reason = outcome.last_accepted, outcome.last_reason
+            first_seq = outcome.next_sequence_id  # span ids go on from the rollout's counter, across attempts
         except TimeoutError:
             # No answer (the lifecycle processor is down or far behind): run anyway. If the claim lost, the fold
             # rejects this attempt's events; if it won, the work is not wasted.
@@ -142,14 +144,14 @@ class Runner:
         with self._stats_lock:
             self.stats["claimed"] += 1
         task = Task(offer.rollout_id, attempt_id, offer.input, offer.mode, offer.resources_id, offer.metadata)
-        fut = self._pool.submit(self._run_attempt, task)
+        fut = self._pool.submit(self._run_attempt, task, first_seq)
         self._inflight.add(fut)
         fut.add_done_callback(self._inflight.discard)
         return fut
 
-    def _run_attempt(self, task: Task) -> None:
+    def _run_attempt(self, task: Task, first_sequence_id: int = 1) -> None:
         ctx = AttemptContext(self.events, task.rollout_id, task.attempt_id, resources_id=task.resources_id,
-                             worker_id=self.worker_id)
+                             worker_id=self.worker_id, first_sequence_id=first_sequence_id)
         stop_beats = threading.Event()
         beats = threading.Thread(target=self._beat_attempt, args=(ctx, stop_beats), daemon=True)
         try:

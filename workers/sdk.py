@@ -116,12 +116,17 @@ class AttemptContext:
 
     # -- lifecycle --
     def heartbeat(self) -> None:
+        """Say the attempt is alive; also moves the rollout's span counter past the ids used here."""
         self._last_beat = time.monotonic()
+        with self._lock:
+            used = self._next_seq - 1 if self.spans_emitted else None
         self.producer.send(self.producer.topics.rollout_events, AttemptHeartbeat(
             meta=self.producer.factory.meta(self.rollout_id), attempt_id=self.attempt_id, time=time.time(),
-            worker_id=self.worker_id))
+            worker_id=self.worker_id, max_sequence_id=used))
 
     def finish(self, status: str, error: str | None = None) -> None:
+        if self.spans_emitted:
+            self.heartbeat()  # the counter moves past this attempt's spans before the next attempt starts
         self.producer.send(self.producer.topics.rollout_events, AttemptStatusChanged(
             meta=self.producer.factory.meta(self.rollout_id), attempt_id=self.attempt_id, status=status,  # type: ignore[arg-type]
             time=time.time(), worker_id=self.worker_id, error=error))
