@@ -1,4 +1,5 @@
-"""The HTTP gateway: enqueue and list rollouts, run read-only SQL over spans.
+"""The HTTP gateway: enqueue and list rollouts, run read-only SQL over spans, and Agent Lightning's REST API
+(``/v1/agl``, see ``agl_api.py``).
 
 Binds 127.0.0.1 unless told otherwise; when ``LITSTREAM_GATEWAY_TOKEN`` is set, every route but ``/health``
 needs ``Authorization: Bearer <token>``. Bad input is a 4xx whose body names the field.
@@ -19,11 +20,14 @@ from litstream.infra import clickhouse, health
 from litstream.infra.settings import Settings
 from litstream.schemas.models import EnqueueRolloutRequest
 from litstream.streams.stateview import StateView
+from litstream.streams.store import LitStore
 
+from .agl_api import PREFIX, build_agl_app
 from .client import enqueue_rollout
 from .producer import EventProducer
 
 ROLE = "gateway"
+OPEN_PATHS = {"/health", "/v1/agl/health"}  # liveness probes answer without the token
 MAX_BODY = 4 << 20
 
 
@@ -42,7 +46,7 @@ def build_app(settings: Settings) -> web.Application:
 
     @web.middleware
     async def auth(request: web.Request, handler: Any) -> web.StreamResponse:
-        if token and request.path != "/health":
+        if token and request.path not in OPEN_PATHS:
             given = request.headers.get("Authorization", "")
             if not hmac.compare_digest(given, f"Bearer {token}"):
                 return _error(401, "missing or wrong bearer token (Authorization: Bearer <LITSTREAM_GATEWAY_TOKEN>)")
@@ -115,6 +119,14 @@ def build_app(settings: Settings) -> web.Application:
     app.router.add_post("/v1/rollouts", create_rollout)
     app.router.add_post("/v1/sql", sql)
     app.cleanup_ctx.append(beat)
+    # The Agent Lightning 0.3 REST API, for its stock client and runners.
+    store = LitStore(settings)
+    app.add_subapp(PREFIX, build_agl_app(store))
+
+    async def close_store(_: web.Application) -> None:
+        await store.close()
+
+    app.on_cleanup.append(close_store)
     return app
 
 

@@ -1,0 +1,65 @@
+"""Agent Lightning 0.3.0's own LightningStoreClient, unchanged, against litstream's gateway over HTTP.
+
+The client runs in the Agent Lightning virtualenv (its dependencies conflict with Faust's), created on first use
+by the benchmark harness.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from litstream.bench.harness import _agl_env, agl_python
+from litstream.infra.broker import free_port
+from litstream.infra.settings import Settings
+from litstream.infra.stack import Stack
+
+SCRIPT = Path(__file__).parent / "agl_client_script.py"
+
+
+@pytest.fixture(scope="session")
+def agl() -> Path:
+    python, reason = agl_python(Console(stderr=True))
+    assert python is not None, f"the Agent Lightning virtualenv could not be made: {reason}"
+    return python
+
+
+@pytest.fixture
+def gateway(settings: Settings) -> Iterator[str]:
+    port = free_port()
+    with Stack(settings) as s:
+        s.start("lifecycle", "process", "lifecycle")
+        s.start("span-sink", "process", "span-sink")
+        s.start("gateway", "gateway", "--port", str(port))
+        s.wait_ready("lifecycle", "lifecycle")
+        s.wait_ready("span-sink", "span-sink", key="inserted")
+        s.wait_ready("gateway", "gateway")
+        yield f"http://127.0.0.1:{port}"
+
+
+def test_stock_client_against_the_gateway(agl: Path, gateway: str) -> None:
+    proc = subprocess.run([str(agl), str(SCRIPT), gateway], capture_output=True, text=True, timeout=300,
+                          env=_agl_env())
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["resources_version"] == 1 and out["resources_updated_version"] == 2
+    assert out["latest_resources_is_updated"] and out["stamped_resources"]
+    assert out["enqueued_status"] == "queuing"
+    assert out["dequeued"] and out["attempt_status"] == "preparing"
+    assert out["span_added"] and out["duplicate_span_is_none"]
+    assert out["spans"] == [["agentlightning.annotation", 1, 1.0]]
+    assert out["attempt_after"] == "succeeded" and out["waited"] == ["succeeded"]
+    assert out["unknown_rollout_is_none"] and out["got_rollout_has_attempt"]
+    assert out["query_total"] == 1 and out["attempts"] == ["succeeded"]
+    assert out["started_status"] == "preparing" and out["second_attempt_seq"] == 2 and out["metadata_updated"]
+    assert out["terminal_change"] != "accepted"  # terminal states are final: a 4xx the client raises on
+    assert out["worker_stats"] == {"cpu": 0.5}
+    assert out["workers"] == ["agl-worker", "agl-worker-2"]
+    assert out["total_rollouts"] == 2
+    assert sys.version_info >= (3, 11)
