@@ -9,7 +9,6 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from .runner import Task
 from .sdk import AttemptContext
 
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
@@ -25,8 +24,8 @@ def toy_policy(prompt: str, task: dict[str, Any]) -> str:
     return str(value if task["op"] == "+" else value + 1)
 
 
-def arithmetic_agent(task: Task, ctx: AttemptContext) -> None:
-    t = task.input
+def arithmetic_agent(task: dict[str, Any], ctx: AttemptContext) -> None:
+    t = task
     with ctx.span("agent.rollout", {"task.op": t["op"]}):
         prompt = f"What is {t['a']} {t['op']} {t['b']}? Answer with a number."
         with ctx.span("chat toy-policy", {"gen_ai.operation.name": "chat", "gen_ai.request.model": "toy-policy",

@@ -12,9 +12,7 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaError, TopicPartition
@@ -24,37 +22,29 @@ from litstream.infra.kafka import consumer
 from litstream.infra.settings import Settings
 from litstream.schemas.codec import DecodeError
 from litstream.schemas.events import AttemptStarted, RolloutOffered
-from litstream.schemas.models import new_attempt_id
+from litstream.schemas.models import Attempt, AttemptedRollout, NamedResources, new_attempt_id
 from litstream.streams.deadletter import DeadLetter
-from litstream.streams.views import RolloutsView
+from litstream.streams.state import rollout_from_snapshot
+from litstream.streams.views import ResourcesView, RolloutsView
 
+from .agent import AttemptInputs, as_agent
 from .producer import EventProducer
-from .sdk import AttemptContext
+from .sdk import AttemptContext, attempt_context
 
 log = logging.getLogger("litstream.runner")
 ROLE = "runner"
 
 
-@dataclass(frozen=True)
-class Task:
-    """What an agent function receives."""
-
-    rollout_id: str
-    attempt_id: str
-    input: Any
-    mode: str | None
-    resources_id: str | None
-    metadata: dict[str, Any]
-
-
-AgentFn = Callable[[Task, AttemptContext], float | None]
-
-
 class Runner:
-    def __init__(self, settings: Settings, agent: AgentFn, concurrency: int = 1, heartbeat_s: float = 5.0,
-                 claim_wait_s: float = 60.0) -> None:
+    """``concurrency`` agent slots in one process; ``agent`` is a LitAgent, a LitAgent class or a function (see
+    ``agent.py``). New attempts use the resources their rollout names, or else the latest published: a
+    resources-published event reaches the next attempt without a restart."""
+
+    def __init__(self, settings: Settings, agent: Any, concurrency: int = 1, heartbeat_s: float = 5.0,
+                 claim_wait_s: float = 60.0, drain_s: float = 30.0) -> None:
         self.settings = settings
-        self.agent = agent
+        self.agent = as_agent(agent)
+        self.drain_s = drain_s
         self.concurrency = concurrency
         self.heartbeat_s = heartbeat_s
         self.events = EventProducer(settings, role=ROLE)
@@ -63,6 +53,8 @@ class Runner:
         self.stats = {"claimed": 0, "claims_lost": 0, "succeeded": 0, "failed": 0, "spans": 0}
         self.claim_wait_s = claim_wait_s
         self.claims = RolloutsView(settings, self.events.codec)  # tells whether each claim won
+        self.resources = ResourcesView(settings, self.events.codec)
+        self._running: dict[str, AttemptContext] = {}  # attempt id -> context, for a stop that releases them
         self._slots = threading.Semaphore(concurrency)
         self._stats_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="agent")
@@ -130,12 +122,14 @@ class Runner:
             outcome = answer.result(timeout=self.claim_wait_s)
             accepted, reason = outcome.last_accepted, outcome.last_reason
             first_seq = outcome.next_sequence_id  # span ids go on from the rollout's counter, across attempts
+            rollout = rollout_from_snapshot(outcome)
         except TimeoutError:
             # No answer (the lifecycle processor is down or far behind): run anyway. If the claim lost, the fold
             # rejects this attempt's events; if it won, the work is not wasted.
             self.claims.forget(claim.meta.event_id)
             log.warning("no answer to the claim of %s within %.0fs; running it", offer.rollout_id, self.claim_wait_s)
             accepted, reason = True, None
+            rollout = _rollout_from_offer(offer, claim)
         if not accepted:
             log.info("claim of %s (attempt %d) lost: %s", offer.rollout_id, offer.attempt_sequence, reason)
             with self._stats_lock:
@@ -143,31 +137,41 @@ class Runner:
             return None
         with self._stats_lock:
             self.stats["claimed"] += 1
-        task = Task(offer.rollout_id, attempt_id, offer.input, offer.mode, offer.resources_id, offer.metadata)
-        fut = self._pool.submit(self._run_attempt, task, first_seq)
+        assert isinstance(rollout, AttemptedRollout)
+        fut = self._pool.submit(self._run_attempt, rollout, first_seq)
         self._inflight.add(fut)
         fut.add_done_callback(self._inflight.discard)
         return fut
 
-    def _run_attempt(self, task: Task, first_sequence_id: int = 1) -> None:
-        ctx = AttemptContext(self.events, task.rollout_id, task.attempt_id, resources_id=task.resources_id,
+    def _resources_for(self, rollout: AttemptedRollout) -> tuple[str | None, NamedResources]:
+        state = self.resources.state
+        update = state.by_id.get(rollout.resources_id) if rollout.resources_id else None
+        update = update or state.latest
+        return (update.resources_id, update.resources) if update else (None, {})
+
+    def _run_attempt(self, rollout: AttemptedRollout, first_sequence_id: int = 1) -> None:
+        resources_id, resources = self._resources_for(rollout)
+        ctx = AttemptContext(self.events, rollout.rollout_id, rollout.attempt.attempt_id, resources_id=resources_id,
                              worker_id=self.worker_id, first_sequence_id=first_sequence_id)
+        self._running[ctx.attempt_id] = ctx
         stop_beats = threading.Event()
         beats = threading.Thread(target=self._beat_attempt, args=(ctx, stop_beats), daemon=True)
         try:
             ctx.heartbeat()  # the attempt is running
             beats.start()
-            reward = self.agent(task, ctx)
-            if reward is not None:
-                ctx.emit_reward(reward)
+            with attempt_context(ctx):
+                reward = self.agent.run(AttemptInputs(rollout.input, resources, rollout, ctx))
+                if reward is not None:
+                    ctx.emit_reward(reward)
             ctx.finish("succeeded")
             outcome = "succeeded"
         except Exception as exc:  # the agent's failure is the attempt's failure, recorded with its error
-            log.warning("attempt %s of %s failed: %s", task.attempt_id, task.rollout_id, exc)
+            log.warning("attempt %s of %s failed: %s", ctx.attempt_id, ctx.rollout_id, exc)
             ctx.finish("failed", error="".join(traceback.format_exception_only(exc)).strip()[:4000])
             outcome = "failed"
         finally:
             stop_beats.set()
+            self._running.pop(ctx.attempt_id, None)
             self._slots.release()
         self.events.flush()
         with self._stats_lock:
@@ -179,5 +183,22 @@ class Runner:
             ctx.heartbeat()
 
     def _drain(self) -> None:
-        self._pool.shutdown(wait=True)
+        """Let in-flight attempts finish for up to ``drain_s``; release the rest (failed, so they are retried per
+        their config) rather than leave them to time out."""
+        deadline = time.monotonic() + self.drain_s
+        while self._inflight and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for ctx in list(self._running.values()):
+            log.warning("releasing attempt %s of %s: the runner is stopping", ctx.attempt_id, ctx.rollout_id)
+            ctx.finish("failed", error="released: the runner stopped before the attempt finished")
+        self._pool.shutdown(wait=False, cancel_futures=True)
         self.events.flush()
+        self.resources.close()
+
+
+def _rollout_from_offer(offer: RolloutOffered, claim: AttemptStarted) -> AttemptedRollout:
+    attempt = Attempt(rollout_id=offer.rollout_id, attempt_id=claim.attempt_id, sequence_id=claim.sequence_id,
+                      start_time=claim.start_time, worker_id=claim.worker_id)
+    return AttemptedRollout(rollout_id=offer.rollout_id, input=offer.input, start_time=claim.start_time,
+                            mode=offer.mode, resources_id=offer.resources_id, status="preparing",
+                            config=offer.config.model_dump(), metadata=offer.metadata, attempt=attempt)

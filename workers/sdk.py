@@ -134,3 +134,21 @@ class AttemptContext:
 
 def current_span() -> SpanHandle | None:
     return _current_span.get()
+
+
+_current_attempt: contextvars.ContextVar[AttemptContext | None] = contextvars.ContextVar("litstream_attempt",
+                                                                                        default=None)
+
+
+@contextmanager
+def attempt_context(ctx: AttemptContext) -> Iterator[AttemptContext]:
+    """Make ``ctx`` the active attempt (the runner does this around the agent): emitters record into it."""
+    token = _current_attempt.set(ctx)
+    try:
+        yield ctx
+    finally:
+        _current_attempt.reset(token)
+
+
+def current_attempt() -> AttemptContext | None:
+    return _current_attempt.get()
