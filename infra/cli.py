@@ -238,8 +238,10 @@ def process_span_sink() -> None:
 @click.option("--agent", "agent_path", default="litstream.workers.demo_agent:arithmetic_agent", show_default=True,
               help="module:function of the agent.")
 @click.option("--max-rollouts", type=int, default=None, help="Stop after claiming this many rollouts.")
-def runner(concurrency: int, agent_path: str, max_rollouts: int | None) -> None:
-    """Run agents on rollouts from the offers topic."""
+@click.option("--drain", default=30.0, show_default=True,
+              help="On stop, seconds in-flight attempts get to finish before they are released.")
+def runner(concurrency: int, agent_path: str, max_rollouts: int | None, drain: float) -> None:
+    """Run an agent (module:function or module:LitAgentClass) on rollouts from the offers topic."""
     from litstream.workers.runner import Runner
 
     _logging()
@@ -248,7 +250,10 @@ def runner(concurrency: int, agent_path: str, max_rollouts: int | None) -> None:
         agent = getattr(importlib.import_module(module), func)
     except (ImportError, AttributeError) as exc:
         _fail(f"cannot load agent {agent_path!r}: {exc}")
-    r = Runner(load_settings(), agent, concurrency=concurrency)
+    try:
+        r = Runner(load_settings(), agent, concurrency=concurrency, drain_s=drain)
+    except TypeError as exc:
+        _fail(str(exc))
     signal.signal(signal.SIGTERM, lambda *_: r.stop_event.set())
     try:
         r.run(max_rollouts=max_rollouts)
