@@ -160,7 +160,10 @@ def _heartbeat(state: RolloutState, ev: AttemptHeartbeat) -> Outcome:
     next_seq = state.next_sequence_id
     if ev.max_sequence_id is not None:
         next_seq = max(next_seq, ev.max_sequence_id + 1)  # ids the sender chose itself move the counter
-    status = "running" if attempt.status in {"preparing", "unresponsive"} else attempt.status
+    # A heartbeat revives a preparing or unresponsive attempt, but not under a finished rollout: it would be a
+    # running attempt of a rollout that is over. The beat and the counter are still recorded.
+    revive = attempt.status in {"preparing", "unresponsive"} and state.status not in FINISHED
+    status = "running" if revive else attempt.status
     attempt = attempt.model_copy(update={"last_heartbeat_time": beat, "status": status})
     rollout_status = state.status
     if attempt is not None and state.latest_attempt and state.latest_attempt.attempt_id == attempt.attempt_id:

@@ -205,3 +205,14 @@ def test_sequence_ids_are_reserved_in_increasing_blocks_and_move_past_explicit_i
     log.fold(log.claim(1, "at-a"))
     log.fold(AttemptHeartbeat(meta=log.f.meta(RID), attempt_id="at-a", time=3.0, max_sequence_id=41))
     assert log.fold(SequenceRequested(meta=log.f.meta(RID))).reserved == 42
+
+
+def test_a_late_heartbeat_does_not_revive_an_attempt_of_a_finished_rollout() -> None:
+    log = Log()
+    log.fold(log.enqueue(unresponsive_seconds=1.0))
+    log.fold(log.claim(1, "at-a"))
+    log.fold(log.attempt("at-a", "unresponsive"))
+    assert log.state.status == "failed"  # type: ignore[union-attr]
+    assert log.fold(log.beat("at-a", t=9.0)).accepted
+    a = log.state.attempts[0]  # type: ignore[union-attr]
+    assert a.status == "unresponsive" and a.last_heartbeat_time == 9.0

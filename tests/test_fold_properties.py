@@ -152,5 +152,7 @@ def test_terminal_rollouts_stay_terminal(data: tuple[list[list[Event]], list[Eve
         if before is not None and before.status in {"succeeded", "failed", "cancelled"}:
             assert out.state is not None and out.state.status == before.status
             assert out.state.end_time == before.end_time
+            assert all(a.status not in {"preparing", "running"} or b.status == a.status
+                       for a, b in zip(out.state.attempts, before.attempts))  # nothing comes back to life
         if out.state is not None:
             states[e.rollout_id] = out.state

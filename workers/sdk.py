@@ -8,13 +8,13 @@ Span names and attribute keys follow the reference (e.g. rewards are ``agentligh
 from __future__ import annotations
 
 import contextvars
-import math
 import secrets
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from litstream.schemas.events import (
     AttemptHeartbeat,
@@ -24,6 +24,7 @@ from litstream.schemas.events import (
     SpanRecorded,
 )
 
+from .attributes import check_leaf, flatten_attributes
 from .producer import EventProducer
 
 REWARD_SPAN = "agentlightning.annotation"
@@ -46,10 +47,10 @@ class SpanHandle:
     status_message: str | None = None
 
     def set_attribute(self, key: str, value: AttrValue) -> None:
-        self.attributes[key] = value
+        self.attributes[key] = check_leaf(value, f"attribute {key!r}")  # fails here, not when the span ends
 
-    def set_attributes(self, attributes: dict[str, AttrValue]) -> None:
-        self.attributes.update(attributes)
+    def set_attributes(self, attributes: dict[str, Any]) -> None:
+        self.attributes.update(flatten_attributes(attributes))
 
 
 class AttemptContext:
@@ -64,6 +65,7 @@ class AttemptContext:
         self.worker_id = worker_id
         self.trace_id = secrets.token_hex(16)
         self._next_seq = first_sequence_id
+        self._first_seq = first_sequence_id
         self._lock = threading.Lock()
         self.resource = ResourceRecord(attributes={"service.name": service_name,
                                                    "agentlightning.rollout_id": rollout_id,
@@ -77,12 +79,23 @@ class AttemptContext:
             self._next_seq += 1
             return seq
 
+    def next_sequence_id(self) -> int:
+        """Take the attempt's next span sequence id for a span recorded elsewhere (e.g. by the OpenTelemetry
+        processor); heartbeats report it like the ids of :meth:`span`, so the rollout's counter moves past it."""
+        return self._sequence_id()
+
+    @property
+    def max_sequence_id(self) -> int | None:
+        """The highest sequence id this attempt has taken, or None before the first."""
+        with self._lock:
+            return self._next_seq - 1 if self._next_seq > self._first_seq else None
+
     # -- spans --
     @contextmanager
     def span(self, name: str, attributes: dict[str, AttrValue] | None = None) -> Iterator[SpanHandle]:
         parent = _current_span.get()
         handle = SpanHandle(name=name, span_id=secrets.token_hex(8), parent_id=parent.span_id if parent else None,
-                            start_time_ns=time.time_ns(), attributes=dict(attributes or {}))
+                            start_time_ns=time.time_ns(), attributes=flatten_attributes(attributes or {}))
         token = _current_span.set(handle)
         try:
             yield handle
@@ -106,26 +119,24 @@ class AttemptContext:
         if time.monotonic() - self._last_beat > SPAN_HEARTBEAT_S:
             self.heartbeat()
 
-    def emit_reward(self, value: float, name: str = "primary") -> None:
-        """Record a scalar reward as the reference does: a reward annotation span."""
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"reward must be a finite number, got {value!r}")
-        with self.span(REWARD_SPAN, {"agentlightning.reward.0.name": name,
-                                     "agentlightning.reward.0.value": float(value)}):
-            pass
+    def emit_reward(self, value: float | dict[str, float], primary_key: str | None = None) -> None:
+        """Record a reward as the reference does: an ``agentlightning.annotation`` span (see emitters.py)."""
+        from .emitters import emit_reward
+
+        with attempt_context(self):
+            emit_reward(value, primary_key=primary_key)
 
     # -- lifecycle --
     def heartbeat(self) -> None:
         """Say the attempt is alive; also moves the rollout's span counter past the ids used here."""
         self._last_beat = time.monotonic()
-        with self._lock:
-            used = self._next_seq - 1 if self.spans_emitted else None
+        used = self.max_sequence_id
         self.producer.send(self.producer.topics.rollout_events, AttemptHeartbeat(
             meta=self.producer.factory.meta(self.rollout_id), attempt_id=self.attempt_id, time=time.time(),
             worker_id=self.worker_id, max_sequence_id=used))
 
     def finish(self, status: str, error: str | None = None) -> None:
-        if self.spans_emitted:
+        if self.max_sequence_id is not None:
             self.heartbeat()  # the counter moves past this attempt's spans before the next attempt starts
         self.producer.send(self.producer.topics.rollout_events, AttemptStatusChanged(
             meta=self.producer.factory.meta(self.rollout_id), attempt_id=self.attempt_id, status=status,  # type: ignore[arg-type]

@@ -1,0 +1,145 @@
+"""Emitters write the reference's span names and attribute keys into the active attempt, read back from the spans
+topic; a bad argument raises at the call and nothing reaches Kafka."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from litstream.infra.kafka import read_to_end
+from litstream.infra.settings import Settings
+from litstream.schemas.events import AttemptHeartbeat, SpanRecorded
+from litstream.workers.emitters import (
+    NoActiveAttemptError,
+    attempt_context,
+    current_context,
+    emit_annotation,
+    emit_exception,
+    emit_message,
+    emit_object,
+    emit_reward,
+    flatten_attributes,
+    make_link_attributes,
+    make_tag_attributes,
+)
+from litstream.workers.producer import EventProducer
+from litstream.workers.sdk import AttemptContext
+
+
+class Custom(Exception):
+    pass
+
+
+def spans(events: EventProducer) -> list[SpanRecorded]:
+    found = [events.codec.decode_as(m.value(), SpanRecorded) for m in read_to_end(events.settings, events.topics.spans)]
+    return sorted(found, key=lambda s: s.sequence_id)
+
+
+def test_flatten_and_helpers_follow_the_reference() -> None:
+    assert make_tag_attributes(["a", "b"]) == {"agentlightning.tag.0": "a", "agentlightning.tag.1": "b"}
+    assert make_link_attributes({"gen_ai.response.id": "resp-1"}) == {
+        "agentlightning.link.0.key_match": "gen_ai.response.id", "agentlightning.link.0.value_match": "resp-1"}
+    assert flatten_attributes({"a": {"b": 1, "c": [1, 2]}, "d": [{"e": "x"}, "y"], "f": (True, None)}) == {
+        "a.b": 1, "a.c": [1, 2], "d.0.e": "x", "d.1": "y", "f": [True, None]}
+
+
+def test_each_emitter_writes_its_span(settings: Settings) -> None:
+    events = EventProducer(settings, role="test")
+    ctx = AttemptContext(events, "ro-emit", "at-emit", resources_id="rs-1")
+    assert current_context() is None
+    try:
+        raise Custom("it broke")
+    except Custom as exc:
+        caught = exc
+    with attempt_context(ctx):
+        assert current_context() is ctx
+        with ctx.span("agent.run"):
+            emit_reward(1)
+        emit_reward({"acc": 1, "brevity": 0.25, "safe": True}, primary_key="brevity",
+                    attributes={**make_tag_attributes(["fast"]), **make_link_attributes({"gen_ai.response.id": "r-1"}),
+                                "judge": {"name": "exact", "version": 2}})
+        emit_annotation({"note": {"text": "checked", "scores": [0.5, 0.75]}})
+        emit_message("hello", {"channel": "stdout"})
+        emit_object({"a": [1, 2], "b": None})
+        emit_object(OrderedDict(x=1))
+        emit_object(b"\x00\xffdata")
+        emit_object(42)
+        emit_object(True)
+        emit_exception(caught, {"where": "tool"})
+    events.flush()
+
+    got = spans(events)
+    assert [s.name for s in got] == [
+        "agentlightning.annotation", "agent.run", "agentlightning.annotation", "agentlightning.annotation",
+        "agentlightning.message", "agentlightning.object", "agentlightning.object", "agentlightning.object",
+        "agentlightning.object", "agentlightning.object", "agentlightning.exception"]
+    assert all(s.rollout_id == "ro-emit" and s.attempt_id == "at-emit" and s.resources_id == "rs-1" for s in got)
+    reward, run, multi, note, msg, obj, ordered, raw, num, flag, exc_span = got
+    assert [s.sequence_id for s in got] == list(range(1, 12))
+    assert reward.parent_id == run.span_id and reward.status_code == "OK"
+    assert reward.attributes == {"agentlightning.reward.0.name": "primary", "agentlightning.reward.0.value": 1.0}
+    assert isinstance(reward.attributes["agentlightning.reward.0.value"], float)
+    assert multi.attributes == {
+        "agentlightning.reward.0.name": "brevity", "agentlightning.reward.0.value": 0.25,
+        "agentlightning.reward.1.name": "acc", "agentlightning.reward.1.value": 1.0,
+        "agentlightning.reward.2.name": "safe", "agentlightning.reward.2.value": 1.0,
+        "agentlightning.tag.0": "fast", "agentlightning.link.0.key_match": "gen_ai.response.id",
+        "agentlightning.link.0.value_match": "r-1", "judge.name": "exact", "judge.version": 2}
+    assert note.attributes == {"note.text": "checked", "note.scores": [0.5, 0.75]}
+    assert msg.attributes == {"agentlightning.message.body": "hello", "channel": "stdout"}
+    assert obj.attributes["agentlightning.object.type"] == "dict"
+    assert json.loads(str(obj.attributes["agentlightning.object.json"])) == {"a": [1, 2], "b": None}
+    assert ordered.attributes["agentlightning.object.type"] == "collections.OrderedDict"
+    assert raw.attributes == {"agentlightning.object.type": "bytes",
+                              "agentlightning.object.literal": base64.b64encode(b"\x00\xffdata").decode()}
+    assert num.attributes == {"agentlightning.object.type": "int", "agentlightning.object.literal": "42"}
+    assert flag.attributes == {"agentlightning.object.type": "bool", "agentlightning.object.literal": "True"}
+    assert exc_span.attributes["exception.type"] == f"{__name__}.Custom"
+    assert exc_span.attributes["exception.message"] == "it broke"
+    assert exc_span.attributes["exception.escaped"] is True and exc_span.attributes["where"] == "tool"
+    assert "raise Custom" in str(exc_span.attributes["exception.stacktrace"])
+
+    beats = [events.codec.decode(m.value()) for m in read_to_end(settings, events.topics.rollout_events)]
+    assert beats and all(isinstance(b, AttemptHeartbeat) for b in beats)  # spans count as heartbeats
+
+
+BAD_CALLS: list[tuple[Callable[[], Any], type[Exception], str]] = [
+    (lambda: emit_reward(math.nan), ValueError, "reward must be a finite"),
+    (lambda: emit_reward(math.inf), ValueError, "reward must be a finite"),
+    (lambda: emit_reward("1.0"), TypeError, "reward must be a number"),  # type: ignore[arg-type]
+    (lambda: emit_reward({"a": 1.0}), ValueError, "primary_key"),
+    (lambda: emit_reward({"a": 1.0}, primary_key="b"), ValueError, "primary_key 'b'"),
+    (lambda: emit_reward({"a": 1.0, "b": "x"}, primary_key="a"), TypeError, r"reward\['b'\]"),
+    (lambda: emit_reward({"a": 1.0, "b": math.nan}, primary_key="a"), ValueError, r"reward\['b'\]"),
+    (lambda: emit_reward(1.0, attributes={"k": object()}), TypeError, r"attributes\['k'\]"),
+    (lambda: emit_reward(1.0, attributes={"k": {"deep": None}}), TypeError, r"attributes\['k.deep'\]: None"),
+    (lambda: emit_annotation({"k": [1, "a"]}), TypeError, r"annotation\['k'\]"),
+    (lambda: emit_annotation({"k": 2**70}), ValueError, "64 bits"),
+    (lambda: emit_annotation(["not", "a", "dict"]), TypeError, "annotation must be a dict"),  # type: ignore[arg-type]
+    (lambda: emit_message(b"bytes"), TypeError, "message must be a str"),  # type: ignore[arg-type]
+    (lambda: emit_message("hi", {"k": {1, 2}}), TypeError, r"attributes\['k'\]"),
+    (lambda: emit_object(object()), TypeError, "obj: a object cannot be serialised"),
+    (lambda: emit_object({"x": math.nan}), TypeError, "obj: a dict cannot be serialised"),
+    (lambda: emit_exception("boom"), TypeError, "exc must be an exception"),  # type: ignore[arg-type]
+]
+
+
+def test_bad_arguments_raise_at_the_call_and_produce_nothing(settings: Settings) -> None:
+    events = EventProducer(settings, role="test")
+    ctx = AttemptContext(events, "ro-bad", "at-bad")
+    with attempt_context(ctx):
+        for call, exc_type, match in BAD_CALLS:
+            with pytest.raises(exc_type, match=match):
+                call()
+    with pytest.raises(NoActiveAttemptError, match="attempt_context"):
+        emit_reward(1.0)
+    events.flush()
+    assert spans(events) == []
+    assert list(read_to_end(settings, events.topics.rollout_events)) == []
+    assert ctx.max_sequence_id is None  # no sequence id was taken either
