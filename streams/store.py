@@ -355,21 +355,25 @@ class LitStore:
         return (await self.get_many_span_sequence_ids([(rollout_id, attempt_id)]))[0]
 
     async def get_many_span_sequence_ids(self, rollout_attempt_ids: Sequence[tuple[str, str]]) -> list[int]:
-        """Each id is reserved through the rollout's partition, so ids are strictly increasing per rollout in the
-        order they are handed out, whichever process asks."""
-        events = []
+        """Ids are reserved through the rollout's partition, so they are strictly increasing per rollout in the
+        order they are handed out, whichever process asks. A run of requests for one rollout is one reservation."""
+        runs: list[tuple[str, str, int]] = []
         for rid, aid in rollout_attempt_ids:
             self._known(rid)
-            events.append(SequenceRequested(meta=self.events.factory.meta(rid), attempt_id=aid))
+            if runs and runs[-1][0] == rid:
+                runs[-1] = (rid, runs[-1][1], runs[-1][2] + 1)
+            else:
+                runs.append((rid, aid, 1))
+        events = [SequenceRequested(meta=self.events.factory.meta(rid), attempt_id=aid, count=n) for rid, aid, n in runs]
         futures = [self.rollouts.expect(e.meta.event_id) for e in events]
         for e in events:
             self.events.send(self.events.topics.rollout_events, e)
         await asyncio.to_thread(self.events.flush)
-        ids = []
+        ids: list[int] = []
         for f, e in zip(futures, events):
             snap = self._accepted(await self._outcome(f, e))
             assert snap.last_reserved is not None
-            ids.append(snap.last_reserved)
+            ids.extend(range(snap.last_reserved, snap.last_reserved + e.count))
         return ids
 
     def _span_event(self, span: Span) -> SpanRecorded:
@@ -405,10 +409,11 @@ class LitStore:
         """Record spans; each counts as a heartbeat of its attempt. Returns those not already added."""
         accepted: list[Span] = []
         beats: dict[tuple[str, str], int] = {}
-        for span in spans:
+        for span in spans:  # check the whole batch first: a bad span must not leave it half written
             snap = self._known(span.rollout_id)
             if all(a.attempt_id != span.attempt_id for a in snap.attempts):
                 raise ValueError(f"Attempt {span.attempt_id} not found for rollout {span.rollout_id}")
+        for span in spans:
             key = (span.rollout_id, span.attempt_id, span.span_id)
             if key in self._span_keys:
                 continue  # a duplicate of a span this store already wrote

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 
 from litstream.infra.broker import free_port
 from litstream.infra.settings import Settings
@@ -18,7 +19,7 @@ from litstream.infra.stack import Stack
 
 @pytest.fixture
 def gateway(settings: Settings) -> Iterator[tuple[str, Settings]]:
-    settings = settings.model_copy(update={"gateway_token": "s3cret"})
+    settings = settings.model_copy(update={"gateway_token": SecretStr("s3cret")})
     port = free_port()
     with Stack(settings) as s:
         s.start("lifecycle", "process", "lifecycle")

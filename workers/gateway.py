@@ -24,6 +24,7 @@ from litstream.streams.store import LitStore
 
 from .agl_api import PREFIX, build_agl_app
 from .client import enqueue_rollout
+from .otlp import add_otlp_routes
 from .producer import EventProducer
 
 ROLE = "gateway"
@@ -122,6 +123,7 @@ def build_app(settings: Settings) -> web.Application:
     # The Agent Lightning 0.3 REST API, for its stock client and runners.
     store = LitStore(settings)
     app.add_subapp(PREFIX, build_agl_app(store))
+    add_otlp_routes(app, store, MAX_BODY)  # OTLP/HTTP: any OpenTelemetry SDK sends its spans here
 
     async def close_store(_: web.Application) -> None:
         await store.close()

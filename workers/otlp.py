@@ -1,0 +1,439 @@
+"""OTLP/HTTP trace receiver: ``POST /v1/traces`` turns OpenTelemetry spans into Agent Lightning spans.
+
+Any OpenTelemetry SDK, in any language, exports here with ``OTEL_EXPORTER_OTLP_ENDPOINT=http://<gateway>`` (or
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://<gateway>/v1/traces``). Both OTLP/HTTP encodings are accepted: binary
+protobuf (``application/x-protobuf``) and OTLP/JSON (``application/json``: hex trace/span ids, lowerCamelCase
+keys, 64-bit integers as strings), plain or gzip. The answer is an ``ExportTraceServiceResponse`` in the
+request's encoding.
+
+Ids follow the reference: rollout and attempt from the span attributes ``agentlightning.rollout_id`` and
+``agentlightning.attempt_id``, else from its resource's; ``agentlightning.span_sequence_id`` likewise (a
+resource's value is shared by all its spans), else the store allocates ids in request order. The reference drops
+spans it cannot place with a log line; here they are counted in the answer's ``partialSuccess`` with the reason
+(missing ids, unknown rollout or attempt, malformed trace/span id, no name), OTLP's way of telling the sender.
+
+Status codes: 200 for full and partial success; 400 for a body that does not decode (protobuf, JSON or gzip);
+413 over the size limit; 415 for a Content-Type or Content-Encoding other than the above (the reference answers
+400; OTLP/HTTP leaves this case to HTTP, whose code for it is 415, as the OpenTelemetry Collector answers); 503
+when the pipeline does not answer in time, which OTLP clients retry. Error bodies are a ``google.rpc.Status`` in
+the request's encoding (JSON when the content type is not one of the two).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import zlib
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
+
+from litstream.schemas.models import (
+    AttributeValue,
+    Event,
+    Link,
+    OtelResource,
+    Span,
+    SpanContext,
+    TraceStatus,
+)
+from litstream.streams.store import LitStore, StoreError
+
+from .otel import with_token_aliases
+
+log = logging.getLogger("litstream.otlp")
+
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+ROLLOUT_ID = "agentlightning.rollout_id"
+ATTEMPT_ID = "agentlightning.attempt_id"
+SEQUENCE_ID = "agentlightning.span_sequence_id"
+MISSING_IDS = f"no {ROLLOUT_ID} and {ATTEMPT_ID} in the span's or its resource's attributes"
+
+_STATUS_CODES = {0: "UNSET", 1: "OK", 2: "ERROR"}
+_RPC_CODES = {400: 3, 413: 8, 415: 3, 501: 12, 503: 14}  # google.rpc.Code for Status.code, for troubleshooting
+_HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200  # SpanFlags bits
+_GZIP_MAGIC = b"\x1f\x8b"
+_CATCH_UP_S = 5.0
+_MAX_REASONS = 5
+
+
+class OtlpError(Exception):
+    """A request refused as a whole: the HTTP status and a developer-facing message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class _Rejected(Exception):
+    """One span refused; the message is the reason reported in ``partialSuccess``."""
+
+
+@dataclass
+class Draft:
+    """A span whose ids are read but whose sequence id may still have to be allocated."""
+
+    rollout_id: str
+    attempt_id: str
+    sequence_id: int | None
+    fields: dict[str, Any]  # every other field of the reference Span
+
+    def to_span(self, sequence_id: int) -> Span:
+        return Span(rollout_id=self.rollout_id, attempt_id=self.attempt_id, sequence_id=sequence_id, **self.fields)
+
+
+# -- decoding the body -------------------------------------------------------------------------------------------
+
+
+def decode_request(body: bytes, content_type: str) -> ExportTraceServiceRequest:
+    """Parse a (decompressed) body; an empty body is an empty request, which OTLP answers with success."""
+    if not body:
+        return ExportTraceServiceRequest()
+    if content_type == PROTOBUF:
+        request = ExportTraceServiceRequest()
+        try:
+            request.ParseFromString(body)
+        except DecodeError as exc:
+            raise OtlpError(400, f"body is not a protobuf ExportTraceServiceRequest: {exc}") from None
+        return request
+    return _from_json(body)
+
+
+def _from_json(body: bytes) -> ExportTraceServiceRequest:
+    try:
+        doc = json.loads(body)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise OtlpError(400, f"body is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise OtlpError(400, "body must be a JSON object (an OTLP/JSON ExportTraceServiceRequest)")
+    _hex_ids_to_base64(doc)
+    try:
+        # OTLP/JSON receivers must ignore unknown fields, so newer senders keep working.
+        return json_format.ParseDict(doc, ExportTraceServiceRequest(), ignore_unknown_fields=True)
+    except json_format.ParseError as exc:
+        raise OtlpError(400, f"body is not an OTLP/JSON ExportTraceServiceRequest: {exc}") from None
+
+
+def _hex_ids_to_base64(doc: dict[str, Any]) -> None:
+    """OTLP/JSON writes trace and span ids in hex where proto3's JSON mapping expects base64: rewrite them in
+    place so the standard parser reads the rest. Values of the wrong type are left for the parser to refuse."""
+    for resource_spans in _items(doc, "resourceSpans"):
+        for scope_spans in _items(resource_spans, "scopeSpans"):
+            for span in _items(scope_spans, "spans"):
+                _rewrite_ids(span, ("traceId", "spanId", "parentSpanId"))
+                for link in _items(span, "links"):
+                    _rewrite_ids(link, ("traceId", "spanId"))
+
+
+def _items(obj: Any, key: str) -> list[Any]:
+    value = obj.get(key) if isinstance(obj, dict) else None
+    return value if isinstance(value, list) else []
+
+
+def _rewrite_ids(obj: Any, keys: tuple[str, ...]) -> None:
+    if not isinstance(obj, dict):
+        return
+    for key in keys:
+        value = obj.get(key)
+        if isinstance(value, str):
+            try:
+                raw = bytes.fromhex(value)
+            except ValueError:
+                raise OtlpError(400, f"{key} {value[:64]!r} is not hex (OTLP/JSON encodes ids in hex)") from None
+            obj[key] = base64.b64encode(raw).decode()
+
+
+def gunzip(data: bytes, max_body: int) -> bytes:
+    """Decompress with a bound on the output, so a small gzip bomb cannot exhaust memory."""
+    inflater = zlib.decompressobj(wbits=zlib.MAX_WBITS | 16)
+    try:
+        out = inflater.decompress(data, max_body + 1)
+    except zlib.error as exc:
+        raise OtlpError(400, f"body is not valid gzip: {exc}") from None
+    if len(out) > max_body:
+        raise OtlpError(413, f"body is over {max_body} bytes once decompressed")
+    if not inflater.eof:
+        raise OtlpError(400, "body is not valid gzip: truncated")
+    return out
+
+
+async def read_body(request: web.Request, max_body: int) -> bytes:
+    """The body, decompressed, at most ``max_body`` bytes (before and after decompression).
+
+    aiohttp's server gunzips request bodies itself (``auto_decompress``, its default), so what is read is
+    usually plain already. A server built without it hands over the gzip bytes, recognised by their magic
+    number, which can start neither a protobuf message nor JSON."""
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower() or "identity"
+    if encoding not in ("identity", "gzip"):
+        raise OtlpError(415, f"Content-Encoding {encoding!r} is not supported; send gzip or no encoding")
+    if request.content_length is not None and request.content_length > max_body:
+        raise OtlpError(413, f"body of {request.content_length} bytes is over the {max_body}-byte limit")
+    body = bytearray()
+    try:
+        async for chunk in request.content.iter_chunked(1 << 16):
+            body += chunk
+            if len(body) > max_body:
+                raise OtlpError(413, f"body is over the {max_body}-byte limit")
+    except web.RequestPayloadError as exc:  # the server could not gunzip it
+        raise OtlpError(400, f"body could not be read as {encoding}: {' '.join(str(exc).split())}") from None
+    if encoding == "gzip" and body[:2] == _GZIP_MAGIC:
+        return gunzip(bytes(body), max_body)
+    return bytes(body)
+
+
+# -- OTLP spans to reference spans ---------------------------------------------------------------------------
+
+
+def attributes(kvs: Iterable[KeyValue]) -> dict[str, AttributeValue]:
+    return {kv.key: _value(kv.value) for kv in kvs}
+
+
+def _value(value: AnyValue) -> AttributeValue:
+    if value.WhichOneof("value") == "array_value":
+        return [_scalar(v) for v in value.array_value.values]
+    return _scalar(value)
+
+
+def _scalar(value: AnyValue) -> str | bool | int | float | None:
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "bytes_value":
+        return value.bytes_value.hex()  # as the reference: JSON-friendly
+    if kind in ("array_value", "kvlist_value"):
+        # Reference attributes are flat scalars or lists of them; nested values are kept whole, as JSON text.
+        return json.dumps(_plain(value), separators=(",", ":"))
+    result: str | bool | int | float = getattr(value, kind)
+    return result
+
+
+def _plain(value: AnyValue) -> Any:
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [_plain(v) for v in value.array_value.values]
+    if kind == "kvlist_value":
+        return {kv.key: _plain(kv.value) for kv in value.kvlist_value.values}
+    return _scalar(value)
+
+
+def _first(key: str, *sources: dict[str, AttributeValue]) -> AttributeValue:
+    return next((s[key] for s in sources if s.get(key) is not None), None)
+
+
+def _text_id(key: str, *sources: dict[str, AttributeValue]) -> str | None:
+    value = _first(key, *sources)
+    return str(value) if value is not None and str(value) else None
+
+
+def _sequence_id(*sources: dict[str, AttributeValue]) -> int | None:
+    """An explicit sequence id: a positive int or a string of digits (as the LLM proxy sends it). Anything else
+    is ignored and the store allocates one, as the reference does."""
+    value = _first(SEQUENCE_ID, *sources)
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if value >= 1 else None
+
+
+def _hex_id(raw: bytes, size: int, field: str) -> str:
+    if len(raw) != size or not any(raw):
+        raise _Rejected(f"{field} must be {size} bytes and not all zero")
+    return raw.hex()
+
+
+def _seconds(unix_nano: int) -> float | None:
+    return unix_nano / 1e9 if unix_nano else None
+
+
+def _is_remote(flags: int) -> bool:
+    return flags & (_HAS_IS_REMOTE | _IS_REMOTE) == _HAS_IS_REMOTE | _IS_REMOTE
+
+
+def _trace_state(header: str) -> dict[str, str]:
+    """W3C tracestate ``k1=v1,k2=v2``; malformed members are skipped."""
+    members = (m.strip().split("=", 1) for m in header.split(",") if "=" in m)
+    return {k: v for k, v in members if k}
+
+
+def _link(link: ProtoSpan.Link) -> Link:
+    context = SpanContext(trace_id=link.trace_id.hex(), span_id=link.span_id.hex(), is_remote=_is_remote(link.flags),
+                          trace_state=_trace_state(link.trace_state))
+    return Link(context=context, attributes=attributes(link.attributes))
+
+
+def _draft(span: ProtoSpan, resource_attrs: dict[str, AttributeValue], resource: OtelResource) -> Draft:
+    attrs = with_token_aliases(attributes(span.attributes))  # the same readings as spans from the SDK processor
+    rollout_id = _text_id(ROLLOUT_ID, attrs, resource_attrs)
+    attempt_id = _text_id(ATTEMPT_ID, attrs, resource_attrs)
+    if rollout_id is None or attempt_id is None:
+        raise _Rejected(MISSING_IDS)
+    if not span.name:
+        raise _Rejected("the span has no name")
+    trace_id = _hex_id(span.trace_id, 16, "trace_id")
+    span_id = _hex_id(span.span_id, 8, "span_id")
+    parent_id = _hex_id(span.parent_span_id, 8, "parent_span_id") if span.parent_span_id else None
+    fields: dict[str, Any] = {
+        "trace_id": trace_id, "span_id": span_id, "parent_id": parent_id, "name": span.name,
+        "status": TraceStatus(status_code=_STATUS_CODES.get(span.status.code, "UNSET"),
+                              description=span.status.message or None),
+        "attributes": attrs,
+        "events": [Event(name=e.name, attributes=attributes(e.attributes), timestamp=_seconds(e.time_unix_nano))
+                   for e in span.events],
+        "links": [_link(ln) for ln in span.links],
+        "start_time": _seconds(span.start_time_unix_nano), "end_time": _seconds(span.end_time_unix_nano),
+        "context": SpanContext(trace_id=trace_id, span_id=span_id, is_remote=_is_remote(span.flags),
+                               trace_state=_trace_state(span.trace_state)),
+        "parent": None,  # OTLP carries only the parent's span id (the reference sets null too)
+        "resource": resource,
+    }
+    return Draft(rollout_id, attempt_id, _sequence_id(attrs, resource_attrs), fields)
+
+
+def drafts_from_request(request: ExportTraceServiceRequest) -> tuple[list[Draft], Counter[str]]:
+    """Spans in request order, and the count of refused spans by reason."""
+    drafts: list[Draft] = []
+    rejected: Counter[str] = Counter()
+    for resource_spans in request.resource_spans:
+        resource_attrs = attributes(resource_spans.resource.attributes)
+        resource = OtelResource(attributes=resource_attrs, schema_url=resource_spans.schema_url)
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                try:
+                    drafts.append(_draft(span, resource_attrs, resource))
+                except _Rejected as exc:
+                    rejected[str(exc)] += 1
+    return drafts, rejected
+
+
+# -- into the store --------------------------------------------------------------------------------------------
+
+
+async def _unknown(store: LitStore, pairs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """The (rollout, attempt) pairs the live view does not know, with the reason."""
+    reasons: dict[tuple[str, str], str] = {}
+    for rid, aid in pairs:
+        if await store.get_rollout_by_id(rid) is None:
+            reasons[(rid, aid)] = f"unknown rollout {rid}"
+        elif all(a.attempt_id != aid for a in (await store.query_attempts(rid)).items):
+            reasons[(rid, aid)] = f"unknown attempt {aid} of rollout {rid}"
+    return reasons
+
+
+async def _known_only(store: LitStore, drafts: list[Draft], rejected: Counter[str]) -> list[Draft]:
+    """Drop (and count) spans of unknown rollouts or attempts before anything is written, so one stray span
+    does not fail the batch in the store."""
+    pairs = {(d.rollout_id, d.attempt_id) for d in drafts}
+    unknown = await _unknown(store, pairs)
+    if unknown:  # the view may trail the log by a moment (a rollout started elsewhere just now): catch up once
+        await asyncio.to_thread(store.rollouts.caught_up, _CATCH_UP_S)
+        unknown = await _unknown(store, unknown)
+    for d in drafts:
+        if (reason := unknown.get((d.rollout_id, d.attempt_id))) is not None:
+            rejected[reason] += 1
+    return [d for d in drafts if (d.rollout_id, d.attempt_id) not in unknown]
+
+
+async def ingest(store: LitStore, request: ExportTraceServiceRequest) -> tuple[int, Counter[str]]:
+    """Write the request's spans; returns how many were accepted and the refused ones by reason."""
+    drafts, rejected = drafts_from_request(request)
+    drafts = await _known_only(store, drafts, rejected)
+    missing = [(d.rollout_id, d.attempt_id) for d in drafts if d.sequence_id is None]
+    try:
+        allocated = iter(await store.get_many_span_sequence_ids(missing) if missing else [])
+        spans = [d.to_span(d.sequence_id if d.sequence_id is not None else next(allocated)) for d in drafts]
+        if spans:
+            await store.add_many_spans(spans)
+    except ValueError as exc:  # the store refused a span after all (an id it no longer knows, a field it cannot hold)
+        raise OtlpError(400, str(exc)) from None
+    return len(drafts), rejected
+
+
+def summary(rejected: Counter[str]) -> str:
+    parts = [f"{n} span{'s' if n > 1 else ''}: {reason}" for reason, n in rejected.most_common(_MAX_REASONS)]
+    if len(rejected) > _MAX_REASONS:
+        parts.append(f"and {len(rejected) - _MAX_REASONS} more reasons")
+    return "rejected " + "; ".join(parts)
+
+
+# -- HTTP ----------------------------------------------------------------------------------------------------------
+
+
+def _encoded(message: ExportTraceServiceResponse, content_type: str) -> web.Response:
+    if content_type == PROTOBUF:
+        return web.Response(body=message.SerializeToString(), content_type=PROTOBUF)
+    return web.Response(body=json_format.MessageToJson(message, indent=None).encode(), content_type=JSON)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def status_response(status: int, message: str, content_type: str,
+                    headers: dict[str, str] | None = None) -> web.Response:
+    """An error as OTLP/HTTP wants it: a ``google.rpc.Status`` in the request's encoding."""
+    code = _RPC_CODES.get(status, 2)
+    if content_type == PROTOBUF:
+        # Status {int32 code = 1; string message = 2;} written directly: two fields do not warrant a
+        # dependency on googleapis-common-protos.
+        text = message.encode()
+        body = b"\x08" + _varint(code) + b"\x12" + _varint(len(text)) + text
+    else:
+        content_type = JSON
+        body = json.dumps({"code": code, "message": message}).encode()
+    return web.Response(status=status, body=body, content_type=content_type, headers=headers)
+
+
+def add_otlp_routes(app: web.Application, store: LitStore, max_body: int) -> None:
+    """``POST /v1/traces`` into ``store``, with bodies of at most ``max_body`` bytes (also once decompressed);
+    ``/v1/metrics``, ``/v1/logs`` and ``/v1/development/profiles`` answer 501, as in the reference."""
+
+    async def traces(request: web.Request) -> web.Response:
+        content_type = request.content_type  # media type only, lower case
+        try:
+            if content_type not in (PROTOBUF, JSON):
+                raise OtlpError(415, f"Content-Type {content_type!r} is not supported; send {PROTOBUF} or {JSON}")
+            body = await read_body(request, max_body)
+            accepted, rejected = await ingest(store, decode_request(body, content_type))
+        except OtlpError as exc:
+            return status_response(exc.status, exc.message, content_type)
+        except StoreError as exc:  # the pipeline is down or behind: worth a retry
+            return status_response(503, str(exc), content_type, {"Retry-After": "5"})
+        response = ExportTraceServiceResponse()
+        if rejected:
+            response.partial_success.rejected_spans = sum(rejected.values())
+            response.partial_success.error_message = summary(rejected)
+            log.warning("OTLP: accepted %d spans, %s", accepted, response.partial_success.error_message)
+        return _encoded(response, content_type)
+
+    async def not_ingested(request: web.Request) -> web.Response:
+        return status_response(501, f"{request.path} is not ingested; only traces are (POST /v1/traces)",
+                               request.content_type)
+
+    app.router.add_post("/v1/traces", traces)
+    for path in ("/v1/metrics", "/v1/logs", "/v1/development/profiles"):
+        app.router.add_post(path, not_ingested)
+
+
+__all__ = ["Draft", "OtlpError", "add_otlp_routes", "attributes", "decode_request", "drafts_from_request",
+           "gunzip", "ingest", "read_body", "status_response", "summary"]
