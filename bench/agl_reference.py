@@ -1,15 +1,42 @@
-"""The Agent Lightning 0.3.0 baseline: InMemoryLightningStore.add_span and add_many_spans, in spans/s.
+"""The Agent Lightning 0.3.0 baselines, on its InMemoryLightningStore.
 
 Self-contained: the harness runs it with the python of a separate virtualenv (.venv-agl), since the
 dependencies of agentlightning and of the project cannot share one environment; it imports nothing from
-litstream. It reads its config as one JSON object on stdin, with the very span contents the litstream rows
-encode:
+litstream. It reads its config as one JSON object on stdin and prints one JSON line of results. The config's
+"mode" picks the baseline ("spans" when absent):
 
-    {"variants": [{"name", "duration_ns", "attributes", "events": [{"name", "offset_ns", "attributes"}],
-                   "resource"}, ...],
-     "rollouts": 50, "spans_per_rollout": 100, "batch": 50, "repeats": 3}
+* "spans": add_span and add_many_spans, in spans/s, with the very span contents the litstream rows encode:
 
-and prints one JSON line: {"version", "python", "pydantic", "n", "add_span": {...}, "add_many_spans": {...}}.
+      {"variants": [{"name", "duration_ns", "attributes", "events": [{"name", "offset_ns", "attributes"}],
+                     "resource"}, ...],
+       "rollouts": 50, "spans_per_rollout": 100, "batch": 50, "repeats": 3}
+
+  -> {"version", "python", "pydantic", "n", "add_span": {...}, "add_many_spans": {...}}
+
+* "rollout_cycles": enqueue_rollout -> dequeue_rollout -> update_attempt(status="succeeded") of n rollouts,
+  phase after phase, then wait_for_rollouts; once one call at a time and once with `concurrency` asyncio tasks:
+
+      {"mode": "rollout_cycles", "n": 2000, "concurrency": 64, "batch": 64, "repeats": 3}
+
+  -> {..., "sequential": {"total": [s...], "enqueue": [...], "dequeue": [...], "update": [...]},
+      "concurrent": {...}, "enqueue_many": [s...]}
+
+* "timer_latency": m rollouts with RolloutConfig(timeout_seconds=...), dequeued at random moments over one
+  debounce period and never finished, while one loop calls query_rollouts (a health-checked method: the store
+  only looks for timeouts inside such calls) every `poll_s`; for each scan_debounce_seconds given, how long after
+  its deadline each attempt was first returned as timeout:
+
+      {"mode": "timer_latency", "m": 50, "timeout_s": 1.0, "poll_s": 0.05, "debounces": [10.0, 0.0]}
+
+  -> {..., "runs": [{"debounce": 10.0, "late_s": [...], "missed": 0, "calls": 230, "spread_s": 10.0}, ...]}
+
+* "apply_ops": the operations a rollout-events log of the same rollouts holds, applied through the API one call
+  at a time: enqueue_rollout, dequeue_rollout, `heartbeats` x update_attempt(last_heartbeat_time=...) and
+  update_attempt(status="succeeded") per rollout, phase after phase as in the log:
+
+      {"mode": "apply_ops", "rollouts": 2000, "heartbeats": 7, "repeats": 3}
+
+  -> {..., "ops": 20000, "samples_s": [...]}
 """
 
 from __future__ import annotations
@@ -105,9 +132,177 @@ async def bench(cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# --- the rollout lifecycle ----------------------------------------------------------------------------------
+
+
+def versions() -> dict[str, Any]:
+    return {"version": version("agentlightning"), "python": platform.python_version(),
+            "pydantic": version("pydantic")}
+
+
+async def in_flight(items: list[Any], fn: Any, concurrency: int) -> list[Any]:
+    """fn(item) for every item, with at most `concurrency` calls awaiting at once; results in item order."""
+    results: list[Any] = [None] * len(items)
+    index = iter(range(len(items)))
+
+    async def worker() -> None:
+        for i in index:
+            results[i] = await fn(items[i])
+
+    await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, len(items))))))
+    return results
+
+
+async def claim_all(store: Any, n: int, concurrency: int) -> list[Any]:
+    """dequeue_rollout until n rollouts are claimed, from `concurrency` tasks; fewer than n is an error."""
+    claimed: list[Any] = []
+
+    async def worker() -> None:
+        while len(claimed) < n:
+            got = await store.dequeue_rollout()
+            if got is None:  # the queue is empty (another task may still be finishing the last claim)
+                return
+            claimed.append(got)
+
+    await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
+    if len(claimed) != n:
+        raise RuntimeError(f"claimed {len(claimed)} of {n} rollouts before the queue ran dry")
+    return claimed
+
+
+async def one_cycle_run(n: int, concurrency: int) -> dict[str, float]:
+    """A fresh store (default scan_debounce_seconds), then n rollouts through enqueue, claim, success."""
+    from agentlightning.store.memory import InMemoryLightningStore
+
+    store = InMemoryLightningStore()
+    gc.collect()
+    t0 = time.perf_counter()
+    rollouts = await in_flight(list(range(n)), lambda i: store.enqueue_rollout(input={"task": i}, mode="train"),
+                               concurrency)
+    t1 = time.perf_counter()
+    claimed = await claim_all(store, n, concurrency)
+    t2 = time.perf_counter()
+    await in_flight(claimed, lambda r: store.update_attempt(r.rollout_id, "latest", status="succeeded"), concurrency)
+    t3 = time.perf_counter()
+    done = await store.wait_for_rollouts(rollout_ids=[r.rollout_id for r in rollouts], timeout=30.0)
+    t4 = time.perf_counter()
+    if len(done) != n or any(r.status != "succeeded" for r in done):
+        raise RuntimeError(f"{sum(r.status == 'succeeded' for r in done)} of {n} rollouts succeeded")
+    return {"total": t4 - t0, "enqueue": t1 - t0, "dequeue": t2 - t1, "update": t3 - t2, "wait": t4 - t3}
+
+
+async def enqueue_many_run(n: int, batch: int) -> float:
+    from agentlightning.store.memory import InMemoryLightningStore
+    from agentlightning.types import EnqueueRolloutRequest
+
+    store = InMemoryLightningStore()
+    requests = [EnqueueRolloutRequest(input={"task": i}, mode="train") for i in range(n)]
+    gc.collect()
+    start = time.perf_counter()
+    for i in range(0, n, batch):
+        await store.enqueue_many_rollouts(requests[i:i + batch])
+    return time.perf_counter() - start
+
+
+async def rollout_cycles(cfg: dict[str, Any]) -> dict[str, Any]:
+    n, repeats = cfg["n"], cfg["repeats"]
+    out: dict[str, Any] = {**versions(), "n": n, "concurrency": cfg["concurrency"], "batch": cfg["batch"]}
+    for label, concurrency in (("sequential", 1), ("concurrent", cfg["concurrency"])):
+        runs = [await one_cycle_run(n, concurrency) for _ in range(repeats)]
+        out[label] = {phase: [r[phase] for r in runs] for phase in runs[0]}
+    out["enqueue_many"] = [await enqueue_many_run(n, cfg["batch"]) for _ in range(repeats)]
+    return out
+
+
+async def timer_run(m: int, timeout_s: float, poll_s: float, debounce: float, seed: int) -> dict[str, Any]:
+    """m rollouts claimed at random moments over one debounce period (so their deadlines fall at every phase of
+    the scan cycle, as in a steady stream of calls), while one loop polls query_rollouts."""
+    import random
+
+    from agentlightning.store.memory import InMemoryLightningStore
+    from agentlightning.types import RolloutConfig
+
+    rng = random.Random(seed)
+    store = InMemoryLightningStore(scan_debounce_seconds=debounce)
+    config = RolloutConfig(timeout_seconds=timeout_s)
+    for i in range(m):
+        await store.enqueue_rollout(input={"task": i}, mode="train", config=config)
+    spread_s = max(debounce, 2 * poll_s)
+    offsets = sorted(rng.uniform(0, spread_s) for _ in range(m))
+    deadlines: dict[str, float] = {}
+
+    async def claimer() -> None:
+        start = time.monotonic()
+        for offset in offsets:
+            await asyncio.sleep(max(0.0, start + offset - time.monotonic()))
+            got = await store.dequeue_rollout()
+            if got is None:
+                raise RuntimeError("the queue ran dry")
+            deadlines[got.rollout_id] = got.attempt.start_time + timeout_s
+
+    claims = asyncio.ensure_future(claimer())
+    late: dict[str, float] = {}
+    calls = 0
+    give_up = time.time() + spread_s + timeout_s + debounce + 5.0  # every scan comes within one debounce period
+    while len(late) < m and time.time() < give_up:
+        page = await store.query_rollouts()  # health-checked: the scan for unhealthy rollouts runs first
+        seen = time.time()
+        calls += 1
+        for r in page.items:
+            attempt = getattr(r, "attempt", None)
+            if r.rollout_id not in late and attempt is not None and attempt.status == "timeout":
+                late[r.rollout_id] = seen - deadlines[r.rollout_id]
+        await asyncio.sleep(poll_s)
+    await claims
+    return {"debounce": debounce, "late_s": sorted(late.values()), "missed": m - len(late), "calls": calls,
+            "spread_s": spread_s}
+
+
+async def timer_latency(cfg: dict[str, Any]) -> dict[str, Any]:
+    runs = [await timer_run(cfg["m"], cfg["timeout_s"], cfg["poll_s"], float(d), seed=i)
+            for i, d in enumerate(cfg["debounces"])]
+    return {**versions(), "m": cfg["m"], "timeout_s": cfg["timeout_s"], "poll_s": cfg["poll_s"], "runs": runs}
+
+
+async def apply_run(rollouts: int, heartbeats: int) -> tuple[float, int]:
+    from agentlightning.store.memory import InMemoryLightningStore
+
+    store = InMemoryLightningStore()
+    ops = 0
+    gc.collect()
+    start = time.perf_counter()
+    ids = []
+    for i in range(rollouts):
+        ids.append((await store.enqueue_rollout(input={"task": i}, mode="train")).rollout_id)
+    ops += rollouts
+    claimed = await claim_all(store, rollouts, 1)
+    ops += rollouts
+    for _ in range(heartbeats):
+        for r in claimed:
+            await store.update_attempt(r.rollout_id, r.attempt.attempt_id, last_heartbeat_time=time.time())
+        ops += rollouts
+    for r in claimed:
+        await store.update_attempt(r.rollout_id, r.attempt.attempt_id, status="succeeded")
+    ops += rollouts
+    seconds = time.perf_counter() - start
+    done = await store.query_rollouts(status_in=["succeeded"])
+    if done.total != rollouts:
+        raise RuntimeError(f"{done.total} of {rollouts} rollouts succeeded")
+    return seconds, ops
+
+
+async def apply_ops(cfg: dict[str, Any]) -> dict[str, Any]:
+    runs = [await apply_run(cfg["rollouts"], cfg["heartbeats"]) for _ in range(cfg["repeats"])]
+    return {**versions(), "rollouts": cfg["rollouts"], "heartbeats": cfg["heartbeats"], "ops": runs[0][1],
+            "samples_s": [seconds for seconds, _ in runs]}
+
+
+MODES = {"spans": bench, "rollout_cycles": rollout_cycles, "timer_latency": timer_latency, "apply_ops": apply_ops}
+
+
 def main() -> None:
     cfg = json.load(sys.stdin)
-    result = asyncio.run(bench(cfg))
+    result = asyncio.run(MODES[cfg.get("mode", "spans")](cfg))
     sys.stdout.write(json.dumps(result) + "\n")
 
 

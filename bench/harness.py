@@ -25,6 +25,9 @@ from rich.table import Table
 # `run(ctx: Context) -> Report`; it is imported only when it runs.
 BENCHMARKS: dict[str, str] = {
     "kafka_codec": "litstream.bench.kafka_codec",
+    "rollout_cycles": "litstream.bench.rollout_cycles",
+    "timer_latency": "litstream.bench.timer_latency",
+    "replay_rate": "litstream.bench.replay_rate",
 }
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -34,6 +37,11 @@ RESULTS_DIR = BENCH_DIR / "results"
 # where faust-streaming wants click<8.4, and litellm, agentops and botocore pull rich<14, packaging<25 and
 # python-dateutil<3 below what is installed. So its baseline runs in a virtualenv of its own.
 AGL_REQUIREMENT = "agentlightning==0.3.0"
+# OpenTelemetry as it was when 0.3.0 came out: from 1.45 the OTLP/HTTP exporter fixes its endpoint when it is built,
+# which 0.3.0's LightningStoreOTLPExporter (it re-points the endpoint per rollout) does not expect.
+AGL_CONSTRAINTS = ("opentelemetry-exporter-otlp<1.45", "opentelemetry-exporter-otlp-proto-http<1.45",
+                   "opentelemetry-sdk<1.45")
+_AGL_INSTALLED = " ".join((AGL_REQUIREMENT, *AGL_CONSTRAINTS))
 AGL_VENV = Path(os.environ.get("LITSTREAM_AGL_VENV") or BENCH_DIR.parent / ".venv-agl")
 AGL_SCRIPT = BENCH_DIR / "agl_reference.py"
 _AGL_READY = ".litstream-bench-ready"  # written once the install and an import check passed
@@ -249,7 +257,7 @@ def agl_python(console: Console) -> tuple[Path | None, str]:
     """The baseline venv's python, created on first use; or None and the reason it cannot be had."""
     python = AGL_VENV / "bin" / "python"
     ready = AGL_VENV / _AGL_READY
-    if python.exists() and ready.exists() and ready.read_text().strip() == AGL_REQUIREMENT:
+    if python.exists() and ready.exists() and ready.read_text().strip() == _AGL_INSTALLED:
         return python, ""
     console.print(f"[bold yellow]Creating {AGL_VENV} with {AGL_REQUIREMENT} for the Agent Lightning baseline "
                   "(once; this takes a minute or more) ...[/]")
@@ -257,7 +265,7 @@ def agl_python(console: Console) -> tuple[Path | None, str]:
     if not python.exists():
         # The project's own interpreter, so that both sides run the same Python version.
         steps.append([sys.executable, "-m", "venv", str(AGL_VENV)])
-    steps.append([str(python), "-m", "pip", "install", "--quiet", AGL_REQUIREMENT])
+    steps.append([str(python), "-m", "pip", "install", "--quiet", AGL_REQUIREMENT, *AGL_CONSTRAINTS])
     steps.append([str(python), "-c", "import agentlightning.store.memory, agentlightning.types"])
     for cmd in steps:
         shown = " ".join(Path(cmd[0]).name if i == 0 else c for i, c in enumerate(cmd))
@@ -269,7 +277,7 @@ def agl_python(console: Console) -> tuple[Path | None, str]:
             return None, f"`{shown}`: {exc}"
         if proc.returncode != 0:
             return None, f"`{shown}` failed: {_last_error(proc.stderr + proc.stdout)}"
-    ready.write_text(AGL_REQUIREMENT + "\n")
+    ready.write_text(_AGL_INSTALLED + "\n")
     return python, ""
 
 

@@ -119,7 +119,9 @@ def read_to_end(settings: Settings, topic: str, timeout: float = 30.0) -> Iterat
         while pending:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"reading {topic} to its end took over {timeout:.0f}s")
-            for msg in c.consume(num_messages=1000, timeout=0.05):
+            first = c.poll(0.05)
+            batch = [first, *c.consume(num_messages=999, timeout=0)] if first is not None else []
+            for msg in batch:
                 err = msg.error()
                 if err is None:
                     yield msg

@@ -110,6 +110,7 @@ class LitStore:
         self.workers = WorkersView(settings, self.codec)
         self._offers: Any = None
         self._offers_at_end: set[int] = set()  # offer partitions read to their end: the queue is empty there
+        self._dequeue_lock = asyncio.Lock()
         self._span_keys: OrderedDict[tuple[str, str, str], None] = OrderedDict()  # own writes, bounded
         self._span_offsets: dict[int, int] = {}  # spans partition -> highest offset this store wrote
         self._started = time.time()
@@ -208,42 +209,70 @@ class LitStore:
         return got[0] if got else None
 
     async def dequeue_many_rollouts(self, *, limit: int = 1, worker_id: str | None = None) -> list[AttemptedRollout]:
-        """Non-blocking: claim up to ``limit`` rollouts on offer (FIFO per partition); stale offers are skipped."""
+        """Non-blocking: claim up to ``limit`` rollouts on offer (FIFO per partition); stale offers are skipped.
+
+        Claims of one call go out together and their outcomes are awaited together; calls are serialised, since
+        they share one consumer of the offers.
+        """
         out: list[AttemptedRollout] = []
-        while len(out) < limit:
-            offer = await asyncio.to_thread(self._next_offer)
-            if offer is None:
-                break
-            event = AttemptStarted(meta=self.events.factory.meta(offer.rollout_id), attempt_id=new_attempt_id(),
-                                   sequence_id=offer.attempt_sequence, start_time=time.time(), worker_id=worker_id)
-            snap = await self._write(event)
-            self._offers.commit(asynchronous=False)  # the claim's outcome is known: the offer is handled
-            if snap.last_accepted:
-                result = rollout_from_snapshot(snap)
-                assert isinstance(result, AttemptedRollout)
-                out.append(result)
+        async with self._dequeue_lock:
+            while len(out) < limit:
+                offers = await asyncio.to_thread(self._next_offers, limit - len(out))
+                if not offers:
+                    break
+                claims = [AttemptStarted(meta=self.events.factory.meta(o.rollout_id), attempt_id=new_attempt_id(),
+                                         sequence_id=o.attempt_sequence, start_time=time.time(), worker_id=worker_id)
+                          for o, _ in offers]
+                futures = [self.rollouts.expect(c.meta.event_id) for c in claims]
+                for c in claims:
+                    self.events.send(self.events.topics.rollout_events, c)
+                await asyncio.to_thread(self.events.flush)
+                snaps = [await self._outcome(f, c) for f, c in zip(futures, claims)]
+                # Every claim's outcome is known: those offers are handled, whoever won them.
+                ends: dict[int, int] = {}
+                for _, (partition, offset) in offers:
+                    ends[partition] = max(ends.get(partition, -1), offset + 1)
+                tps = [TopicPartition(self.events.topics.offers, p, o) for p, o in ends.items()]
+                await asyncio.to_thread(self._offers.commit, offsets=tps, asynchronous=False)
+                for snap in snaps:
+                    if snap.last_accepted:
+                        result = rollout_from_snapshot(snap)
+                        assert isinstance(result, AttemptedRollout)
+                        out.append(result)
         if not out and worker_id is not None:
             await self._observe_worker(worker_id, "empty_dequeue")
         return out
 
-    def _next_offer(self, cap_s: float = 2.0) -> RolloutOffered | None:
+    def _next_offers(self, limit: int) -> list[tuple[RolloutOffered, tuple[int, int]]]:
+        """Up to ``limit`` offers with their (partition, offset): those already fetched, else the next one."""
+        found: list[tuple[RolloutOffered, tuple[int, int]]] = []
+        while len(found) < limit:
+            got = self._next_offer(cap_s=2.0 if not found else 0.0)
+            if got is None:
+                break
+            found.append(got)
+        return found
+
+    def _next_offer(self, cap_s: float = 2.0) -> tuple[RolloutOffered, tuple[int, int]] | None:
         """The next offer, or None once every assigned partition is known to be at its end (the queue is empty)."""
         if self._offers is None:
             self._offers = consumer(self.settings, group_id=f"{self.settings.topic_prefix}-runners",
-                                    **{"enable.auto.offset.store": True, "enable.partition.eof": True})
+                                    **{"enable.partition.eof": True})
             self._offers.subscribe([self.events.topics.offers])
             # Joining the group takes a few seconds; only the first dequeue waits for it.
             joined_by = time.monotonic() + 15.0
             while not self._offers.assignment() and time.monotonic() < joined_by:
                 msg = self._offers.poll(0.1)
                 if msg is not None and msg.error() is None:
-                    return self._decode_offer(msg.value())
+                    offer = self._decode_offer(msg.value())
+                    if offer is not None:
+                        return offer, (int(msg.partition() or 0), int(msg.offset() or 0))
         deadline = time.monotonic() + cap_s
-        while time.monotonic() < deadline:
+        while True:
             assigned = {tp.partition for tp in self._offers.assignment()}
-            msg = self._offers.poll(0.02)
+            msg = self._offers.poll(0.02 if cap_s > 0 else 0)
             if msg is None:
-                if assigned <= self._offers_at_end:
+                if assigned <= self._offers_at_end or time.monotonic() >= deadline:
                     return None
                 continue
             err = msg.error()
@@ -254,8 +283,7 @@ class LitStore:
             self._offers_at_end.discard(int(msg.partition() or 0))
             offer = self._decode_offer(msg.value())
             if offer is not None:
-                return offer
-        return None
+                return offer, (int(msg.partition() or 0), int(msg.offset() or 0))
 
     def _decode_offer(self, value: bytes | None) -> RolloutOffered | None:
         try:

@@ -55,7 +55,10 @@ class TopicFollower:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            msgs = self._consumer.consume(num_messages=1000, timeout=0.1)
+            # Wait for one record, then take whatever else is already fetched: a bare consume(n, timeout) would
+            # wait out its whole timeout whenever fewer than n records come, delaying every reader by it.
+            first = self._consumer.poll(0.1)
+            msgs = [first, *self._consumer.consume(num_messages=999, timeout=0)] if first is not None else []
             with self.changed:
                 for msg in msgs:
                     err = msg.error()

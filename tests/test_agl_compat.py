@@ -63,3 +63,15 @@ def test_stock_client_against_the_gateway(agl: Path, gateway: str) -> None:
     assert out["workers"] == ["agl-worker", "agl-worker-2"]
     assert out["total_rollouts"] == 2
     assert sys.version_info >= (3, 11)
+
+
+def test_stock_runner_with_its_tracer_against_the_gateway(agl: Path, gateway: str) -> None:
+    script = Path(__file__).parent / "agl_runner_script.py"
+    proc = subprocess.run([str(agl), str(script), gateway, "4"], capture_output=True, text=True, timeout=300,
+                          env=_agl_env())
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["statuses"] == ["succeeded"] * 4
+    assert out["rewards"] == [1.0, 0.0, 1.0, 0.0]
+    for names in out["span_names"]:  # the tracer's spans arrived over OTLP, the reward over REST
+        assert "agentlightning.annotation" in names and "agentlightning.operation" in names

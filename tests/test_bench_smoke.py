@@ -30,3 +30,40 @@ def test_kafka_codec_quick(tmp_path: Path) -> None:
         assert rows[what]["msgs_per_s"] > 0, what
     assert rows["agentlightning 0.3.0 baseline"]["note"] == "skipped (--no-agl)"
     assert doc["machine"]["versions"]["fastavro"]
+
+
+def test_lifecycle_benchmarks_quick(tmp_path: Path) -> None:
+    """rollout_cycles, timer_latency and replay_rate on the real pipeline, small sizes, in one run."""
+    names = ("rollout_cycles", "timer_latency", "replay_rate")
+    only = [arg for name in names for arg in ("--only", name)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "litstream.bench", *only, "--quick", "--no-agl", "--results-dir", str(tmp_path)],
+        check=False, capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    docs = {}
+    for name in names:
+        files = list(tmp_path.glob(f"{name}-*.json"))
+        assert len(files) == 1, (name, proc.stdout[-3000:])
+        docs[name] = json.loads(files[0].read_text())
+        assert docs[name]["benchmark"] == name and docs[name]["quick"] is True
+        rows = {row["what"]: row for row in docs[name]["rows"]}
+        assert rows["agentlightning 0.3.0 baseline"]["note"] == "skipped (--no-agl)"
+
+    cycles = {row["what"]: row for row in docs["rollout_cycles"]["rows"]}
+    for what in ("litstream cycles, 1 call in flight", "litstream cycles, 64 calls in flight",
+                 "litstream enqueue_many_rollouts(64)"):
+        assert cycles[what]["msgs_per_s"] > 0, what
+    phases = docs["rollout_cycles"]["params"]["litstream_phases_s"]
+    assert set(phases["sequential"]) == {"total", "enqueue", "dequeue", "update", "wait"}
+
+    timers = docs["timer_latency"]
+    late = timers["params"]["litstream_late_s"]
+    assert len(late["fired"]) == len(late["visible"]) == timers["params"]["m"]
+    summary = timers["params"]["summary_ms"]["litstream timeout visible (LitStore view)"]
+    assert 0 <= summary["p50_ms"] <= summary["p99_ms"] <= summary["max_ms"]
+
+    replay = {row["what"]: row for row in docs["replay_rate"]["rows"]}
+    for what in ("litstream replay (read rollout-events + decode + fold)", "litstream decode + fold, in memory",
+                 "litstream fold_events (the pure fold)"):
+        assert replay[what]["msgs_per_s"] > 0 and replay[what]["n"] == docs["replay_rate"]["params"]["events"]
