@@ -203,7 +203,7 @@ def _set_attempt(state: RolloutState, ev: Event, attempt: AttemptState, status: 
     if status is not None and attempt.status in ATTEMPT_TERMINAL:
         return _reject(state, ev, f"attempt {attempt.attempt_id} already {attempt.status}")
     is_latest = state.latest_attempt is not None and state.latest_attempt.attempt_id == attempt.attempt_id
-    if status is not None and is_latest and state.status in FINISHED:
+    if status is not None and state.status in FINISHED:  # no attempt of a finished rollout changes status again
         return _reject(state, ev, f"rollout already {state.status}")
     if status is not None:
         changes["status"] = status
