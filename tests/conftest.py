@@ -12,6 +12,7 @@ import pytest
 from litstream.infra.broker import EmbeddedBroker
 from litstream.infra.kafka import create_topics
 from litstream.infra.settings import Settings
+from litstream.infra.stack import Stack
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -30,3 +31,14 @@ def settings(broker: EmbeddedBroker, tmp_path: Path) -> Settings:
                  data_dir=tmp_path / "data", clickhouse_dsn=f"chdb://{tmp_path / 'chdb'}")
     create_topics(s)
     return s
+
+
+@pytest.fixture
+def pipeline(settings: Settings) -> Iterator[Settings]:
+    """The lifecycle processor and the span sink running as processes, on this test's topics."""
+    with Stack(settings) as s:
+        s.start("lifecycle", "process", "lifecycle")
+        s.start("span-sink", "process", "span-sink")
+        s.wait_ready("lifecycle", "lifecycle")
+        s.wait_ready("span-sink", "span-sink", key="inserted")
+        yield settings

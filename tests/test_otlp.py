@@ -9,7 +9,7 @@ import json
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
@@ -31,22 +31,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from litstream.infra.broker import free_port
 from litstream.infra.settings import Settings
-from litstream.infra.stack import Stack
 from litstream.streams.store import LitStore
 from litstream.workers.otlp import ATTEMPT_ID, ROLLOUT_ID, SEQUENCE_ID, OtlpError, add_otlp_routes, gunzip
 
 MAX_BODY = 64 << 10
 PROTOBUF, JSON = "application/x-protobuf", "application/json"
-
-
-@pytest.fixture
-def pipeline(settings: Settings) -> Iterator[Settings]:
-    with Stack(settings) as s:
-        s.start("lifecycle", "process", "lifecycle")
-        s.start("span-sink", "process", "span-sink")
-        s.wait_ready("lifecycle", "lifecycle")
-        s.wait_ready("span-sink", "span-sink", key="inserted")
-        yield settings
 
 
 @asynccontextmanager

@@ -5,25 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from litstream.infra.settings import Settings
-from litstream.infra.stack import Stack
 from litstream.schemas.models import LLM, PromptTemplate, RolloutConfig, Span
 from litstream.streams.store import LitStore
-
-
-@pytest.fixture
-def pipeline(settings: Settings) -> Iterator[Settings]:
-    with Stack(settings) as s:
-        s.start("lifecycle", "process", "lifecycle")
-        s.start("span-sink", "process", "span-sink")
-        s.wait_ready("lifecycle", "lifecycle")
-        s.wait_ready("span-sink", "span-sink", key="inserted")
-        yield settings
 
 
 def run(coro: Any) -> Any:
