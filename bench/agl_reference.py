@@ -37,6 +37,18 @@ litstream. It reads its config as one JSON object on stdin and prints one JSON l
       {"mode": "apply_ops", "rollouts": 2000, "heartbeats": 7, "repeats": 3}
 
   -> {..., "ops": 20000, "samples_s": [...]}
+
+* "span_ingest": spans/s into a store over its ingest paths, with the same span contents as "spans" (its
+  `variants`). With `url` (a litstream gateway): the stock LightningStoreClient's add_span against `url`, `rest_n`
+  spans per concurrency in `concurrencies` (one rollout each, started with the client's start_rollout). Without
+  `url`: a LightningStoreServer(InMemoryLightningStore()) in thread launch mode on a free port, then the same
+  client rows against it, the OTLP/HTTP exporter (BatchSpanProcessor, `otlp_batch`) against its /v1/traces with
+  `otlp_n` spans, and in-process add_otel_span of `sdk_n` spans made by an opentelemetry-sdk tracer:
+
+      {"mode": "span_ingest", "variants": [...], "url": null, "rest_n": 3000, "concurrencies": [1, 16],
+       "otlp_n": 20000, "otlp_batch": 512, "sdk_n": 20000}
+
+  -> {..., "rest": {"1": s, "16": s}, "otlp": {"end_s", "flush_s"}, "add_otel_span": {"end_s", "total_s"}}
 """
 
 from __future__ import annotations
@@ -297,7 +309,147 @@ async def apply_ops(cfg: dict[str, Any]) -> dict[str, Any]:
             "samples_s": [seconds for seconds, _ in runs]}
 
 
-MODES = {"spans": bench, "rollout_cycles": rollout_cycles, "timer_latency": timer_latency, "apply_ops": apply_ops}
+# --- span ingest --------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def otel_tracer(resource: dict[str, Any], processor: Any) -> tuple[Any, Any]:
+    """A TracerProvider of its own (not the global one) with `processor`, and a tracer from it."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+
+    provider = TracerProvider(resource=Resource.create(resource))
+    provider.add_span_processor(processor)
+    return provider, provider.get_tracer("litstream.bench.span_ingest")
+
+
+def make_span(tracer: Any, variants: list[dict[str, Any]], i: int) -> Any:
+    """One LLM-call span, ended: the variant's attributes and events, a response id of its own."""
+    v = variants[i % len(variants)]
+    span = tracer.start_span(v["name"], attributes={**v["attributes"], "gen_ai.response.id": f"chatcmpl-{i:024x}"})
+    for e in v["events"]:
+        span.add_event(e["name"], e["attributes"])
+    span.end()
+    return span
+
+
+async def rest_rows(client: Any, cfg: dict[str, Any], held: Any) -> dict[str, float]:
+    """add_span of rest_n spans per concurrency, each run on a rollout of its own; `held(rid)` counts its spans."""
+    out: dict[str, float] = {}
+    for concurrency in cfg["concurrencies"]:
+        rollout = await client.start_rollout(input={"task": f"rest-{concurrency}"}, mode="train")
+        spans = build_spans({"variants": cfg["variants"], "spans_per_rollout": cfg["rest_n"]},
+                            [(rollout.rollout_id, rollout.attempt.attempt_id)])
+        gc.collect()
+        start = time.perf_counter()
+        added = await in_flight(spans, client.add_span, concurrency)
+        out[str(concurrency)] = time.perf_counter() - start
+        if sum(a is not None for a in added) != len(spans):
+            raise RuntimeError(f"add_span accepted {sum(a is not None for a in added)} of {len(spans)} spans")
+        got = await held(rollout.rollout_id)
+        if got != len(spans):
+            raise RuntimeError(f"the store holds {got} of {len(spans)} spans added with {concurrency} in flight")
+    return out
+
+
+async def otlp_run(client: Any, store: Any, endpoint: str, cfg: dict[str, Any]) -> dict[str, float]:
+    """otlp_n spans through BatchSpanProcessor + OTLPSpanExporter (protobuf over HTTP) to `endpoint`."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    n = cfg["otlp_n"]
+    rollout = await client.start_rollout(input={"task": "otlp"}, mode="train")
+    processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint), max_queue_size=n,
+                                   max_export_batch_size=cfg["otlp_batch"])
+    provider, tracer = otel_tracer({"service.name": "litstream-agent",
+                                    "agentlightning.rollout_id": rollout.rollout_id,
+                                    "agentlightning.attempt_id": rollout.attempt.attempt_id}, processor)
+    try:
+        gc.collect()
+        start = time.perf_counter()
+        for i in range(n):
+            make_span(tracer, cfg["variants"], i)
+        ended = time.perf_counter()
+        if not await asyncio.to_thread(provider.force_flush, 120_000):
+            raise RuntimeError("force_flush of the OTLP exporter timed out")
+        flushed = time.perf_counter()
+    finally:
+        provider.shutdown()
+    held = len(await store.query_spans(rollout.rollout_id))
+    if held != n:
+        raise RuntimeError(f"the server's store holds {held} of {n} spans sent over OTLP")
+    return {"end_s": ended - start, "flush_s": flushed - start}
+
+
+async def add_otel_span_run(cfg: dict[str, Any]) -> dict[str, float]:
+    """sdk_n spans made by an opentelemetry-sdk tracer, each handed to InMemoryLightningStore.add_otel_span as it
+    ends: the in-process counterpart of an SDK span processor."""
+    from agentlightning.store.memory import InMemoryLightningStore
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    n = cfg["sdk_n"]
+    store = InMemoryLightningStore()
+    rollout = await store.start_rollout(input={"task": "sdk"}, mode="train")
+    provider, tracer = otel_tracer({"service.name": "litstream-agent"}, SpanProcessor())
+    rid, aid = rollout.rollout_id, rollout.attempt.attempt_id
+    end_s = 0.0
+    gc.collect()
+    start = time.perf_counter()
+    for i in range(n):
+        t = time.perf_counter()
+        span = make_span(tracer, cfg["variants"], i)
+        end_s += time.perf_counter() - t
+        await store.add_otel_span(rid, aid, span)
+    total_s = time.perf_counter() - start
+    provider.shutdown()
+    held = len(await store.query_spans(rid))
+    if held != n:
+        raise RuntimeError(f"the store holds {held} of {n} spans added with add_otel_span")
+    return {"end_s": end_s, "total_s": total_s}
+
+
+async def span_ingest(cfg: dict[str, Any]) -> dict[str, Any]:
+    from agentlightning.store.client_server import LightningStoreClient, LightningStoreServer
+    from agentlightning.store.memory import InMemoryLightningStore
+
+    out: dict[str, Any] = {**versions(), "opentelemetry_sdk": version("opentelemetry-sdk"),
+                           "otlp_exporter": version("opentelemetry-exporter-otlp-proto-http")}
+    if cfg.get("url"):  # the stock client against another server (a litstream gateway)
+        client = LightningStoreClient(cfg["url"], retry_delays=(0.5,), health_retry_delays=(0.1,))
+        try:
+            async def held_remote(rid: str) -> int:
+                return len(await client.query_spans(rid))
+
+            out["rest"] = await rest_rows(client, cfg, held_remote)
+        finally:
+            await client.close()
+        return out
+    store = InMemoryLightningStore()
+    server = LightningStoreServer(store, host="127.0.0.1", port=free_port(), launch_mode="thread")
+    await server.start()
+    client = LightningStoreClient(server.endpoint, retry_delays=(0.5,), health_retry_delays=(0.1,))
+    try:
+        async def held_local(rid: str) -> int:
+            return len(await store.query_spans(rid))
+
+        out["rest"] = await rest_rows(client, cfg, held_local)
+        out["otlp"] = await otlp_run(client, store, f"{server.endpoint}/v1/traces", cfg)
+    finally:
+        await client.close()
+        await server.stop()
+    out["add_otel_span"] = await add_otel_span_run(cfg)
+    return out
+
+
+MODES = {"spans": bench, "rollout_cycles": rollout_cycles, "timer_latency": timer_latency, "apply_ops": apply_ops,
+         "span_ingest": span_ingest}
 
 
 def main() -> None:

@@ -28,6 +28,7 @@ BENCHMARKS: dict[str, str] = {
     "rollout_cycles": "litstream.bench.rollout_cycles",
     "timer_latency": "litstream.bench.timer_latency",
     "replay_rate": "litstream.bench.replay_rate",
+    "span_ingest": "litstream.bench.span_ingest",
 }
 
 BENCH_DIR = Path(__file__).resolve().parent

@@ -435,31 +435,32 @@ class LitStore:
 
     async def add_many_spans(self, spans: Sequence[Span]) -> list[Span]:
         """Record spans; each counts as a heartbeat of its attempt. Returns those not already added."""
-        accepted: list[Span] = []
-        beats: dict[tuple[str, str], int] = {}
-        for span in spans:  # check the whole batch first: a bad span must not leave it half written
+        batch: list[tuple[Span, bytes]] = []
+        seen: set[tuple[str, str, str]] = set()
+        for span in spans:  # check and encode the whole batch first: a bad span must not leave it half written
             snap = self._known(span.rollout_id)
             if all(a.attempt_id != span.attempt_id for a in snap.attempts):
                 raise ValueError(f"Attempt {span.attempt_id} not found for rollout {span.rollout_id}")
-        for span in spans:
             key = (span.rollout_id, span.attempt_id, span.span_id)
-            if key in self._span_keys:
+            if key in self._span_keys or key in seen:
                 continue  # a duplicate of a span this store already wrote
-            self._span_keys[key] = None
-            if len(self._span_keys) > 200_000:
-                self._span_keys.popitem(last=False)
-            event = self._span_event(span)
-            value = self.codec.encode(event)
-            self.events._producer.produce(self.events.topics.spans, key=span.rollout_id.encode(), value=value,
-                                          on_delivery=self._on_span_delivered)
-            accepted.append(span)
+            seen.add(key)
+            batch.append((span, self.codec.encode(self._span_event(span))))
+        beats: dict[tuple[str, str], int] = {}
+        for span, value in batch:
+            self.events.produce_raw(self.events.topics.spans, span.rollout_id.encode(), value,
+                                    on_delivery=self._on_span_delivered)
             k = (span.rollout_id, span.attempt_id)
             beats[k] = max(beats.get(k, 0), span.sequence_id)
         for (rid, aid), max_seq in beats.items():  # one heartbeat per attempt per batch, carrying the counter
             self.events.send(self.events.topics.rollout_events, AttemptHeartbeat(
                 meta=self.events.factory.meta(rid), attempt_id=aid, time=time.time(), max_sequence_id=max_seq))
         await asyncio.to_thread(self.events.flush)
-        return accepted
+        for span, _ in batch:  # only spans on Kafka count as added: a failed call can be retried
+            self._span_keys[(span.rollout_id, span.attempt_id, span.span_id)] = None
+        while len(self._span_keys) > 200_000:
+            self._span_keys.popitem(last=False)
+        return [span for span, _ in batch]
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None, *, trace_id: str | None = None,
                           trace_id_contains: str | None = None, span_id: str | None = None,

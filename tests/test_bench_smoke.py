@@ -33,12 +33,12 @@ def test_kafka_codec_quick(tmp_path: Path) -> None:
 
 
 def test_lifecycle_benchmarks_quick(tmp_path: Path) -> None:
-    """rollout_cycles, timer_latency and replay_rate on the real pipeline, small sizes, in one run."""
-    names = ("rollout_cycles", "timer_latency", "replay_rate")
+    """rollout_cycles, timer_latency, replay_rate and span_ingest on the real pipeline, small sizes, in one run."""
+    names = ("rollout_cycles", "timer_latency", "replay_rate", "span_ingest")
     only = [arg for name in names for arg in ("--only", name)]
     proc = subprocess.run(
         [sys.executable, "-m", "litstream.bench", *only, "--quick", "--no-agl", "--results-dir", str(tmp_path)],
-        check=False, capture_output=True, text=True, timeout=240,
+        check=False, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     docs = {}
@@ -67,3 +67,15 @@ def test_lifecycle_benchmarks_quick(tmp_path: Path) -> None:
     for what in ("litstream replay (read rollout-events + decode + fold)", "litstream decode + fold, in memory",
                  "litstream fold_events (the pure fold)"):
         assert replay[what]["msgs_per_s"] > 0 and replay[what]["n"] == docs["replay_rate"]["params"]["events"]
+
+    spans = docs["span_ingest"]
+    ingest = {row["what"]: row for row in spans["rows"]}
+    for what, n in (("litstream SDK exporter (KafkaSpanProcessor): span end", "sdk_n"),
+                    ("litstream SDK exporter: durable on Kafka (incl. force_flush)", "sdk_n"),
+                    ("litstream SDK exporter: visible in ClickHouse", "sdk_n"),
+                    ("litstream OTLP/HTTP exporter -> gateway /v1/traces: force_flush returned", "otlp_n"),
+                    ("litstream OTLP/HTTP: visible in ClickHouse", "otlp_n")):
+        assert ingest[what]["msgs_per_s"] > 0 and ingest[what]["n"] == spans["params"][n], what
+    assert spans["params"]["litstream_s"]["sdk"]["stats"]["dropped_queue_full"] == 0
+    rest = [row for what, row in ingest.items() if what.startswith("litstream REST add_span")]
+    assert len(rest) == 2 and all(row["note"].startswith("skipped (--no-agl") for row in rest)

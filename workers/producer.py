@@ -37,13 +37,21 @@ class EventProducer:
 
     def send(self, topic: str, record: AvroModel) -> None:
         """Encode and enqueue ``record``; the key is the record's own (rollout id, resources id, group id)."""
-        value = self.codec.encode(record)
-        key = str(record.key).encode()
+        self.produce_raw(topic, str(record.key).encode(), self.codec.encode(record))  # type: ignore[attr-defined]
+
+    def produce_raw(self, topic: str, key: bytes | None, value: bytes | None, on_delivery: Any = None,
+                    headers: list[tuple[str, bytes]] | None = None) -> None:
+        """Enqueue an encoded record; waits while the local queue is full (back-pressure, never a drop)."""
+        def report(err: Any, msg: Any) -> None:
+            self._on_delivery(err, msg)
+            if on_delivery is not None:
+                on_delivery(err, msg)
+
         while True:
             try:
-                self._producer.produce(topic, key=key, value=value, on_delivery=self._on_delivery)
+                self._producer.produce(topic, key=key, value=value, on_delivery=report, headers=headers)
                 break
-            except BufferError:  # local queue full: serve delivery reports, then retry (back-pressure)
+            except BufferError:  # local queue full: serve delivery reports, then retry
                 self._producer.poll(0.1)
         self._producer.poll(0)
 

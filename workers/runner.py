@@ -108,7 +108,7 @@ class Runner:
             offer = self.events.codec.decode_as(value, RolloutOffered)
         except DecodeError as exc:
             letter = DeadLetter(topic, partition, offset, key, value, exc.reason, ROLE, "decode")
-            self.events._producer.produce(letter.topic, key=key, value=value, headers=letter.headers())
+            self.events.produce_raw(letter.topic, key, value, headers=letter.headers())
             self.events.flush()
             return None
         attempt_id = new_attempt_id()
