@@ -60,6 +60,12 @@ def test_gateway(gateway: tuple[str, Settings]) -> None:
     assert status == 400 and "not JSON" in body["error"]
     status, body = call(f"{base}/v1/sql", "POST", {"query": ""})
     assert status == 400 and body["field"] == "query"
+    huge = urllib.request.Request(f"{base}/v1/rollouts", data=b'{"input": "' + b"x" * (5 << 20) + b'"}',
+                                  method="POST", headers={"Content-Type": "application/json",
+                                                          "Authorization": "Bearer s3cret"})
+    with pytest.raises(urllib.error.HTTPError) as too_big:
+        urllib.request.urlopen(huge, timeout=30)
+    assert too_big.value.code == 413
 
     deadline = time.monotonic() + 60
     items: list[dict[str, Any]] = []

@@ -1,0 +1,27 @@
+"""Kafka security settings from the environment reach every client: librdkafka's and Faust's."""
+
+from __future__ import annotations
+
+import pytest
+
+from litstream.infra.profiles import security_config
+from litstream.infra.settings import Settings
+from litstream.streams.lifecycle import faust_broker_credentials
+
+
+def test_sasl_and_tls_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LITSTREAM_KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
+    monkeypatch.setenv("LITSTREAM_KAFKA_SASL_MECHANISM", "SCRAM-SHA-512")
+    monkeypatch.setenv("LITSTREAM_KAFKA_SASL_USERNAME", "agent")
+    monkeypatch.setenv("LITSTREAM_KAFKA_SASL_PASSWORD", "s3cret")
+    s = Settings()
+    assert security_config(s) == {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
+                                  "sasl.username": "agent", "sasl.password": "s3cret"}
+    creds = faust_broker_credentials(s)["broker_credentials"]
+    assert (creds.username, creds.password, str(creds.mechanism.value)) == ("agent", "s3cret", "SCRAM-SHA-512")
+    assert "s3cret" not in repr(s)  # the password never shows in logs of the settings
+
+
+def test_plaintext_adds_nothing() -> None:
+    s = Settings()
+    assert security_config(s) == {} and faust_broker_credentials(s) == {}
