@@ -1,7 +1,7 @@
 """The span sink: spans topic -> ClickHouse, in batches, committing offsets only after the insert.
 
 Killed at any point, it loses nothing (uncommitted spans are read again) and shows no duplicate (the table
-collapses a span's redelivery; see spans.sql). It owns the chDB directory and serves read-only SQL to other
+collapses a span's redelivery; see migrations/0001_spans.sql). It owns the chDB directory and serves read-only SQL to other
 processes on a loopback API.
 """
 
@@ -39,7 +39,7 @@ class SpanSink:
         self.topics = Topics(settings.topic_prefix)
         self.codec = codec or default_codec(settings.schema_registry_url)
         self.ch = ch or ClickHouse(settings.resolved_clickhouse_dsn, role=ROLE)
-        self.ch.migrate(SPANS_TABLE)
+        self.ch.migrate()
         self.batch_size = batch_size
         self.max_wait_s = max_wait_s
         self.stop_event = threading.Event()

@@ -94,3 +94,13 @@ def test_owner_without_api_gives_a_clear_error(tmp_path: Path) -> None:
             query(f"chdb://{path}", "SELECT 1")
     finally:
         proc.kill()
+
+
+def test_migrations_apply_once(tmp_path: Path) -> None:
+    c = ClickHouse(f"chdb://{tmp_path / 'chdb'}", role="test")
+    try:
+        assert c.migrate() == ["0001_spans"]
+        assert c.migrate() == []  # a restart applies nothing twice
+        assert c.query("SELECT version, name FROM litstream_migrations FINAL").rows == [[1, "0001_spans"]]
+    finally:
+        c.close()

@@ -20,7 +20,7 @@ from clickhouse_connect.driver.client import Client
 
 from ..health import pid_alive
 
-DDL_DIR = Path(__file__).parent
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 OWNER_FILE = "litstream.owner.json"
 SPAN_TTL_DAYS = 180
 
@@ -106,10 +106,26 @@ class ClickHouse:
         if self.path is not None:
             write_owner(self.path, self.role, api_url)
 
-    def migrate(self, table: str = "spans") -> None:
-        ddl = (DDL_DIR / "spans.sql").read_text().format(table=table, ttl_days=SPAN_TTL_DAYS)
+    def migrate(self) -> list[str]:
+        """Apply the migrations in ``migrations/`` not applied yet, in order; returns the names applied.
+
+        Each file is one statement, numbered ``NNNN_name.sql``; ``{ttl_days}`` is filled in. Applied versions are
+        recorded in ``litstream_migrations``, so a restart or a second process applies nothing twice.
+        """
+        applied: list[str] = []
         with self.lock:
-            self.client.command(ddl)
+            self.client.command(
+                "CREATE TABLE IF NOT EXISTS litstream_migrations (version UInt32, name String, "
+                "applied_at DateTime64(3) DEFAULT now64(3)) ENGINE = ReplacingMergeTree ORDER BY version")
+            done = {int(r[0]) for r in self.client.query("SELECT version FROM litstream_migrations FINAL").result_rows}
+            for path in sorted(MIGRATIONS_DIR.glob("[0-9][0-9][0-9][0-9]_*.sql")):
+                version = int(path.name[:4])
+                if version in done:
+                    continue
+                self.client.command(path.read_text().format(ttl_days=SPAN_TTL_DAYS))
+                self.client.insert("litstream_migrations", [[version, path.stem]], column_names=["version", "name"])
+                applied.append(path.stem)
+        return applied
 
     def insert(self, table: str, columns: list[str], data: list[list[Any]]) -> None:
         with self.lock:

@@ -2,7 +2,7 @@
 -- and types), plus the rollout columns. Ordered for the hot reads: all spans of a rollout in sequence.
 -- ReplacingMergeTree keyed by span identity: a redelivered span collapses into one row; query with FINAL
 -- (or GROUP BY the key) for exact counts before background merges run.
-CREATE TABLE IF NOT EXISTS {table}
+CREATE TABLE IF NOT EXISTS spans
 (
     Timestamp DateTime64(9) CODEC(Delta(8), ZSTD(1)),
     TraceId String CODEC(ZSTD(1)),
