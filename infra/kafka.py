@@ -6,7 +6,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from confluent_kafka import Consumer as _Consumer
@@ -100,35 +100,57 @@ def wait_for_broker(settings: Settings, timeout: float = 30.0) -> None:
     )
 
 
-def read_to_end(settings: Settings, topic: str, timeout: float = 30.0) -> Iterator[Message]:
-    """Every record of ``topic`` from the beginning to the current end.
+class PartitionEnds:
+    """Which partitions a consumer has read to their end, from the end-of-partition events it gets while fetching
+    (``enable.partition.eof``) — never from ListOffsets, which the embedded broker answers wrongly."""
 
-    The end is where the broker reports end-of-partition while fetching, never ListOffsets (the embedded broker
-    answers ListOffsets wrongly; see the README). No group is joined and nothing is committed.
-    """
+    def __init__(self) -> None:
+        self.at_end: set[int] = set()
+
+    def record(self, msg: Message) -> bool:
+        """True for a data record; False for anything else (an end of partition is noted)."""
+        partition = int(msg.partition() or 0)
+        err = msg.error()
+        if err is None:
+            self.at_end.discard(partition)
+            return True
+        if err.code() == KafkaError._PARTITION_EOF:
+            self.at_end.add(partition)
+        return False
+
+    def covers(self, partitions: Iterable[int]) -> bool:
+        return set(partitions) <= self.at_end
+
+
+def poll_batch(c: _Consumer, timeout: float, max_records: int = 1000) -> list[Message]:
+    """Wait up to ``timeout`` for one record, then take whatever else is already fetched. (A bare
+    ``consume(n, timeout)`` waits out its whole timeout whenever fewer than n records come.)"""
+    first = c.poll(timeout)
+    return [first, *c.consume(num_messages=max_records - 1, timeout=0)] if first is not None else []
+
+
+def read_to_end(settings: Settings, topic: str, timeout: float = 30.0) -> Iterator[Message]:
+    """Every record of ``topic`` from the beginning to the current end (see :class:`PartitionEnds`).
+    No group is joined and nothing is committed."""
     meta = admin(settings).list_topics(topic=topic, timeout=10.0)
     tmeta = meta.topics.get(topic)
     if tmeta is None or tmeta.error is not None:
         raise LookupError(f"topic {topic!r} does not exist; run `litstream topics create`")
     parts = [TopicPartition(topic, p, 0) for p in tmeta.partitions]  # offset 0 = the beginning
     c = consumer(settings, group_id=f"reader-{os.getpid()}-{time.monotonic_ns()}", **{"enable.partition.eof": True})
+    ends = PartitionEnds()
     try:
         c.assign(parts)
-        pending = {p.partition for p in parts}
         deadline = time.monotonic() + timeout
-        while pending:
+        while not ends.covers(p.partition for p in parts):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"reading {topic} to its end took over {timeout:.0f}s")
-            first = c.poll(0.05)
-            batch = [first, *c.consume(num_messages=999, timeout=0)] if first is not None else []
-            for msg in batch:
+            for msg in poll_batch(c, 0.05):
                 err = msg.error()
-                if err is None:
-                    yield msg
-                elif err.code() == KafkaError._PARTITION_EOF:
-                    pending.discard(msg.partition())
-                else:
+                if err is not None and err.code() != KafkaError._PARTITION_EOF:
                     raise KafkaException(err)
+                if ends.record(msg):
+                    yield msg
     finally:
         c.close()
 

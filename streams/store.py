@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any, Literal
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import TopicPartition
 
 from litstream.infra import clickhouse
-from litstream.infra.kafka import consumer
+from litstream.infra.kafka import PartitionEnds, consumer
 from litstream.infra.settings import Settings
 from litstream.schemas.codec import DecodeError
 from litstream.schemas.events import (
@@ -109,7 +109,7 @@ class LitStore:
         self.resources = ResourcesView(settings, self.codec)
         self.workers = WorkersView(settings, self.codec)
         self._offers: Any = None
-        self._offers_at_end: set[int] = set()  # offer partitions read to their end: the queue is empty there
+        self._offer_ends = PartitionEnds()  # offer partitions read to their end: the queue is empty there
         self._dequeue_lock = asyncio.Lock()
         self._span_keys: OrderedDict[tuple[str, str, str], None] = OrderedDict()  # own writes, bounded
         self._span_offsets: dict[int, int] = {}  # spans partition -> highest offset this store wrote
@@ -272,15 +272,11 @@ class LitStore:
             assigned = {tp.partition for tp in self._offers.assignment()}
             msg = self._offers.poll(0.02 if cap_s > 0 else 0)
             if msg is None:
-                if assigned <= self._offers_at_end or time.monotonic() >= deadline:
+                if self._offer_ends.covers(assigned) or time.monotonic() >= deadline:
                     return None
                 continue
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    self._offers_at_end.add(int(msg.partition() or 0))
+            if not self._offer_ends.record(msg):
                 continue
-            self._offers_at_end.discard(int(msg.partition() or 0))
             offer = self._decode_offer(msg.value())
             if offer is not None:
                 return offer, (int(msg.partition() or 0), int(msg.offset() or 0))

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from litstream.infra.kafka import admin, consumer
+from litstream.infra.kafka import PartitionEnds, admin, consumer, poll_batch
 from litstream.infra.settings import Settings
 from litstream.schemas.codec import Codec, DecodeError
 from litstream.schemas.events import AvroModel, ResourcesPublished, RolloutSnapshot, WorkerObserved
@@ -43,7 +43,7 @@ class TopicFollower:
         self._consumer = consumer(settings, group_id=f"view-{os.getpid()}-{time.monotonic_ns()}",
                                   **{"enable.partition.eof": True})
         self._consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in self._parts])
-        self._at_end: set[int] = set()
+        self._ends = PartitionEnds()
         self._batches = 0
         self.changed = threading.Condition()
         self._stop = threading.Event()
@@ -55,18 +55,11 @@ class TopicFollower:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            # Wait for one record, then take whatever else is already fetched: a bare consume(n, timeout) would
-            # wait out its whole timeout whenever fewer than n records come, delaying every reader by it.
-            first = self._consumer.poll(0.1)
-            msgs = [first, *self._consumer.consume(num_messages=999, timeout=0)] if first is not None else []
+            msgs = poll_batch(self._consumer, 0.1)
             with self.changed:
                 for msg in msgs:
-                    err = msg.error()
-                    if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF:
-                            self._at_end.add(int(msg.partition() or 0))
+                    if not self._ends.record(msg):
                         continue
-                    self._at_end.discard(int(msg.partition() or 0))
                     try:
                         record = self.codec.decode_as(msg.value(), self.record_type)
                     except DecodeError:
@@ -92,7 +85,7 @@ class TopicFollower:
     def caught_up(self, timeout: float = 30.0) -> bool:
         """Wait until every partition has been read to its end at least once since now."""
         start = self._batches
-        return self.wait_for(lambda: True if self._batches > start + 1 and self._at_end == set(self._parts)
+        return self.wait_for(lambda: True if self._batches > start + 1 and self._ends.covers(self._parts)
                              else None, timeout) is not None
 
     def close(self) -> None:

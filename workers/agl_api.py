@@ -113,8 +113,6 @@ ATTEMPT_SORT = {"sequence_id", "start_time", "end_time", "status", "attempt_id",
 WORKER_SORT = {"worker_id", "status", "last_heartbeat_time", "last_dequeue_time", "last_busy_time", "last_idle_time"}
 RESOURCES_SORT = {"resources_id", "version", "create_time", "update_time"}
 SPAN_SORT = {"sequence_id", "start_time", "end_time", "name", "span_id", "trace_id"}
-UPDATE_ROLLOUT_FIELDS = {"input", "mode", "resources_id", "status", "config", "metadata"}
-UPDATE_ATTEMPT_FIELDS = {"status", "worker_id", "last_heartbeat_time", "metadata"}
 NOT_NULL = {"status", "config"}
 
 
@@ -170,6 +168,21 @@ def _query_params(request: web.Request, lists: tuple[str, ...] = ()) -> dict[str
         values = request.query.getall(key)
         out[key] = values if key in lists else values[-1]
     return out
+
+
+async def _update_fields(request: web.Request, model: type[BaseModel]) -> dict[str, Any]:
+    """An update body: only keys present change (the others are UNSET); an explicit null status or config is a
+    400, an unknown key or a bad value a 422 naming the field."""
+    body = await _body(request)
+    if not isinstance(body, dict):
+        raise HTTPFieldError(422, "body must be an object")
+    for key, value in body.items():
+        if key not in model.model_fields:
+            raise HTTPFieldError(422, f"unknown field {key!r}", key)
+        if value is None and key in NOT_NULL:
+            raise HTTPFieldError(400, f"{key} cannot be null", key)
+    checked = _parse(model, body)
+    return {k: getattr(checked, k) if k in body else UNSET for k in model.model_fields}
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -250,20 +263,8 @@ def build_agl_app(store: LitStore) -> web.Application:
     @routes.post("/rollouts/{rollout_id}")
     @guarded
     async def update_rollout(request: web.Request) -> web.Response:
-        body = await _body(request)
-        if not isinstance(body, dict):
-            raise HTTPFieldError(422, "body must be an object")
-        fields: dict[str, Any] = {}
-        for key, value in body.items():
-            if key not in UPDATE_ROLLOUT_FIELDS:
-                raise HTTPFieldError(422, f"unknown field {key!r}", key)
-            if value is None and key in NOT_NULL:
-                raise HTTPFieldError(400, f"{key} cannot be null", key)
-            fields[key] = value
-        checked = _parse(_UpdateRollout, fields)
-        kwargs = {k: getattr(checked, k) for k in fields}
-        return _dump(await store.update_rollout(request.match_info["rollout_id"],
-                                                **{k: kwargs.get(k, UNSET) for k in UPDATE_ROLLOUT_FIELDS}))
+        fields = await _update_fields(request, _UpdateRollout)
+        return _dump(await store.update_rollout(request.match_info["rollout_id"], **fields))
 
     @routes.post("/rollouts/{rollout_id}/attempts")
     @guarded
@@ -297,18 +298,9 @@ def build_agl_app(store: LitStore) -> web.Application:
     @routes.post("/rollouts/{rollout_id}/attempts/{attempt_id}")
     @guarded
     async def update_attempt(request: web.Request) -> web.Response:
-        body = await _body(request)
-        if not isinstance(body, dict):
-            raise HTTPFieldError(422, "body must be an object")
-        for key, value in body.items():
-            if key not in UPDATE_ATTEMPT_FIELDS:
-                raise HTTPFieldError(422, f"unknown field {key!r}", key)
-            if value is None and key in NOT_NULL:
-                raise HTTPFieldError(400, f"{key} cannot be null", key)
-        checked = _parse(_UpdateAttempt, body)
-        kwargs = {k: getattr(checked, k) if k in body else UNSET for k in UPDATE_ATTEMPT_FIELDS}
+        fields = await _update_fields(request, _UpdateAttempt)
         return _dump(await store.update_attempt(request.match_info["rollout_id"], request.match_info["attempt_id"],
-                                                **kwargs))
+                                                **fields))
 
     async def _query_workers(data: dict[str, Any]) -> web.Response:
         q = _parse(QueryWorkers, data)
