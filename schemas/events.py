@@ -299,6 +299,7 @@ class TripletEmitted(Event):
     group_id: str = Field(min_length=1)
     index: int = Field(ge=0)
     policy_version: str | None = None
+    resources_id: str | None = None
     prompt_token_ids: list[int] = Field(default_factory=list)
     response_token_ids: list[int] = Field(default_factory=list)
     response_logprobs: list[float] = Field(default_factory=list)

@@ -1,0 +1,27 @@
+"""How a trained policy version is named on the resources topic.
+
+The trainer publishes policy version N as resources id ``policy-vN`` holding one LLM resource (``main_llm``).
+Spans record the resources id their attempt ran with, so any span or triplet names the policy version that
+produced it without a lookup.
+"""
+
+from __future__ import annotations
+
+import re
+
+POLICY_RESOURCE = "main_llm"
+_PATTERN = re.compile(r"^policy-v(\d+)$")
+
+
+def policy_resources_id(version: int) -> str:
+    if version < 0:
+        raise ValueError("policy versions start at 0")
+    return f"policy-v{version}"
+
+
+def parse_policy_version(resources_id: str | None) -> int | None:
+    """The policy version a resources id names, or None when it is not a policy publication."""
+    if not resources_id:
+        return None
+    m = _PATTERN.match(resources_id)
+    return int(m.group(1)) if m else None
