@@ -54,8 +54,9 @@ def s3_endpoint(tmp_path: Path) -> Iterator[str]:
     """A loopback S3 server (moto) with a bucket for the broker's storage."""
     boto3 = pytest.importorskip("boto3")
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=open(tmp_path / "moto.log", "ab"), stderr=subprocess.STDOUT)
+    with open(tmp_path / "moto.log", "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         s3 = boto3.client("s3", endpoint_url=url, aws_access_key_id="test", aws_secret_access_key="test",
