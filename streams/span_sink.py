@@ -1,8 +1,12 @@
-"""The span sink: spans topic -> ClickHouse, in batches, committing offsets only after the insert.
+"""The sink: spans, rollout-events and triplets topics -> ClickHouse, in Arrow batches, committing offsets only
+after the insert.
 
-Killed at any point, it loses nothing (uncommitted spans are read again) and shows no duplicate (the table
-collapses a span's redelivery; see migrations/0001_spans.sql). It owns the chDB directory and serves read-only SQL to other
-processes on a loopback API.
+Undecodable spans and triplets go to their topic's dead letters (rollout-events has its own from the lifecycle
+processor, so there the sink only counts them). Killed at any point, it loses nothing (uncommitted messages are read again) and shows no duplicate (each table
+collapses a redelivered record by its identity; see ``infra/clickhouse/migrations/``). Memory is bounded: a batch
+holds at most ``batch_size`` messages, and the client's prefetch queue is capped. One process owns a chDB
+directory, so the sink also serves read-only SQL (and the ClickHouse rebuild of ``litstream replay --sink
+clickhouse``) to other processes on a loopback API. Its role name stays ``span-sink``.
 """
 
 from __future__ import annotations
@@ -21,15 +25,13 @@ from litstream.infra.clickhouse.api import serve_queries
 from litstream.infra.kafka import consumer, producer
 from litstream.infra.settings import Settings
 from litstream.infra.topics import Topics
-from litstream.schemas.codec import Codec, DecodeError, default_codec
-from litstream.schemas.events import SpanRecorded
+from litstream.schemas.codec import Codec, default_codec
 
-from .deadletter import DeadLetter
-from .span_rows import SPAN_COLUMNS, span_columns
+from .sink_tables import EVENTS_TABLE, SPANS_TABLE, TRIPLETS_TABLE, SinkBatch, sink_topics
 
 log = logging.getLogger("litstream.span_sink")
 ROLE = "span-sink"
-SPANS_TABLE = "spans"
+PREFETCH_KB = 32 * 1024  # librdkafka's pre-fetched messages, per consumer: the other half of the memory bound
 
 
 class SpanSink:
@@ -43,18 +45,26 @@ class SpanSink:
         self.batch_size = batch_size
         self.max_wait_s = max_wait_s
         self.stop_event = threading.Event()
-        self.stats = {"inserted": 0, "dead_letters": 0, "batches": 0}
-        self._consumer = consumer(settings, group_id=f"{settings.topic_prefix}-span-sink")
+        # `inserted` counts spans (what readiness checks look for); the other tables have their own counts.
+        self.stats = {"inserted": 0, "events": 0, "triplets": 0, "dead_letters": 0, "undecodable": 0,
+                      "batches": 0}
+        self._consumer = consumer(settings, group_id=f"{settings.topic_prefix}-span-sink",
+                                  **{"queued.max.messages.kbytes": PREFETCH_KB})
         self._dlq = producer(settings)
 
     def serve_api(self, host: str = "127.0.0.1", port: int = 0) -> str:
-        server = serve_queries(self.ch, host, port)
+        server = serve_queries(self.ch, host, port, actions={"/replay": self._replay_action})
         url = f"http://{host}:{server.server_address[1]}"
         self.ch.set_api(url)
         return url
 
+    def _replay_action(self, body: dict[str, Any]) -> dict[str, Any]:
+        from .replay import rebuild_clickhouse  # the rebuild runs here, on the owner's connection
+
+        return rebuild_clickhouse(self.settings, self.ch, truncate=bool(body.get("truncate"))).summary()
+
     def run(self) -> None:
-        self._consumer.subscribe([self.topics.spans])
+        self._consumer.subscribe(list(sink_topics(self.topics)))
         last_beat = 0.0
         try:
             while not self.stop_event.is_set():
@@ -69,8 +79,7 @@ class SpanSink:
             self._dlq.flush(10)
 
     def process(self, msgs: list[Message]) -> None:
-        spans: list[SpanRecorded] = []
-        letters: list[DeadLetter] = []
+        batch = SinkBatch(self.topics, self.codec, ROLE)
         offsets: dict[tuple[str, int], int] = {}
         for m in msgs:
             err = m.error()
@@ -80,16 +89,14 @@ class SpanSink:
                 continue
             topic, partition, offset = str(m.topic()), int(m.partition() or 0), int(m.offset() or 0)
             offsets[(topic, partition)] = offset + 1
-            try:
-                span = self.codec.decode_as(m.value(), SpanRecorded)
-            except DecodeError as exc:
-                letters.append(DeadLetter(topic, partition, offset, m.key(), m.value(), exc.reason, ROLE, "decode"))
-                continue
-            spans.append(span)
-        if spans:
-            self.ch.insert(SPANS_TABLE, SPAN_COLUMNS, span_columns(spans))
+            batch.add(topic, partition, offset, m.key(), m.value())
+        counts = batch.insert(self.ch)
+        letters = [lt for lt in batch.letters if lt.source_topic != self.topics.rollout_events]
+        # rollout-events has its dead letters from the lifecycle processor: one per bad message, not two.
+        for letter in batch.letters:
+            log.warning("undecodable %s[%d]@%d: %s", letter.source_topic, letter.partition, letter.offset,
+                        letter.reason)
         for letter in letters:
-            log.warning("dead letter %s[%d]@%d: %s", letter.source_topic, letter.partition, letter.offset, letter.reason)
             self._dlq.produce(letter.topic, key=letter.key, value=letter.value, headers=letter.headers())
         if letters:
             self._dlq.flush(30)
@@ -97,8 +104,11 @@ class SpanSink:
         if offsets:
             self._consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
                                   asynchronous=False)
-        self.stats["inserted"] += len(spans)
+        self.stats["inserted"] += counts[SPANS_TABLE]
+        self.stats["events"] += counts[EVENTS_TABLE]
+        self.stats["triplets"] += counts[TRIPLETS_TABLE]
         self.stats["dead_letters"] += len(letters)
+        self.stats["undecodable"] += len(batch.letters)
         self.stats["batches"] += 1
 
     def close(self) -> None:
@@ -109,7 +119,7 @@ def run(settings: Settings) -> None:
     """Run the sink in the foreground until SIGINT/SIGTERM."""
     sink = SpanSink(settings)
     url = sink.serve_api()
-    log.info("span sink consuming %s into %s; query API %s", sink.topics.spans, sink.ch.dsn, url)
+    log.info("sink consuming %s into %s; query API %s", ", ".join(sink_topics(sink.topics)), sink.ch.dsn, url)
 
     def stop(*_: Any) -> None:
         sink.stop_event.set()

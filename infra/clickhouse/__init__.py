@@ -11,11 +11,14 @@ import os
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import clickhouse_connect
+import pyarrow as pa
 from clickhouse_connect.driver.client import Client
 
 from ..health import pid_alive
@@ -131,6 +134,15 @@ class ClickHouse:
         with self.lock:
             self.client.insert(table, data, column_names=columns, column_oriented=True)
 
+    def insert_arrow(self, table: str, data: pa.Table) -> None:
+        """Insert an Arrow table (columns by name); the fast path: no per-value Python conversion."""
+        with self.lock:
+            self.client.insert_arrow(table, data)
+
+    def command(self, sql: str) -> None:
+        with self.lock:
+            self.client.command(sql)
+
     def query(self, sql: str, readonly: bool = True) -> QueryResult:
         with self.lock:
             res = self.client.query(sql, settings={"readonly": 1} if readonly else None)
@@ -163,12 +175,48 @@ def query(dsn: str, sql: str, timeout: float = 60.0) -> QueryResult:
         ch.close()
 
 
-def query_api(api_url: str, sql: str, timeout: float = 60.0) -> QueryResult:
-    req = urllib.request.Request(api_url.rstrip("/") + "/sql", data=json.dumps({"query": sql}).encode(),
+@contextmanager
+def reader(dsn: str) -> Iterator[Callable[[str], QueryResult]]:
+    """A query function for several queries in a row: through the owner's API when one runs, else on one
+    connection opened for the whole block (opening chDB costs more than a small query)."""
+    path = chdb_dir(dsn)
+    owner = read_owner(path) if path is not None else None
+    if owner is not None and owner.get("pid") != os.getpid():
+        if not owner.get("api_url"):
+            raise ChdbLockedError(_locked_message(path, owner))  # type: ignore[arg-type]
+        url = owner["api_url"]
+        yield lambda sql: query_api(url, sql)
+        return
+    ch = ClickHouse(dsn, role="query")
+    try:
+        yield ch.query
+    finally:
+        ch.close()
+
+
+def owner_api(dsn: str) -> str | None:
+    """The API of the live process that owns a chDB directory (not this one), or None."""
+    path = chdb_dir(dsn)
+    owner = read_owner(path) if path is not None else None
+    if owner is None or owner.get("pid") == os.getpid():
+        return None
+    if not owner.get("api_url"):
+        raise ChdbLockedError(_locked_message(path, owner))  # type: ignore[arg-type]
+    return str(owner["api_url"])
+
+
+def call_api(api_url: str, route: str, body: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
+    """POST ``body`` to a route of the owner's API; its error comes back as :class:`QueryError`."""
+    req = urllib.request.Request(api_url.rstrip("/") + route, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"}, method="POST")
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (loopback owner API)
-            body = json.loads(resp.read())
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            out: dict[str, Any] = json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         raise QueryError(json.loads(exc.read() or b"{}").get("error", str(exc))) from None
+    return out
+
+
+def query_api(api_url: str, sql: str, timeout: float = 60.0) -> QueryResult:
+    body = call_api(api_url, "/sql", {"query": sql}, timeout)
     return QueryResult(body["columns"], body["types"], body["rows"])

@@ -7,6 +7,7 @@ import decimal
 import json
 import threading
 import uuid
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -25,8 +26,16 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def serve_queries(ch: ClickHouse, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
-    """Start the API in a daemon thread; returns the server (its ``server_address`` has the bound port)."""
+Action = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def serve_queries(ch: ClickHouse, host: str = "127.0.0.1", port: int = 0,
+                  actions: dict[str, Action] | None = None) -> ThreadingHTTPServer:
+    """Start the API in a daemon thread; returns the server (its ``server_address`` has the bound port).
+
+    ``POST /sql`` runs read-only SQL; ``actions`` adds owner-side operations by route (the sink adds ``/replay``,
+    the ClickHouse rebuild, which only the owner of a chDB directory can run)."""
+    routes = dict(actions or {})
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: Any) -> None:  # quiet: queries are logged by the caller
@@ -40,19 +49,22 @@ def serve_queries(ch: ClickHouse, host: str = "127.0.0.1", port: int = 0) -> Thr
             self.end_headers()
             self.wfile.write(data)
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             if self.path == "/health":
                 self._send(200, {"status": "ok", "role": ch.role})
             else:
                 self._send(404, {"error": "not found"})
 
-        def do_POST(self) -> None:  # noqa: N802
-            if self.path != "/sql":
+        def do_POST(self) -> None:
+            if self.path != "/sql" and self.path not in routes:
                 self._send(404, {"error": "not found"})
                 return
             length = int(self.headers.get("Content-Length", "0"))
             if length > MAX_BODY:
                 self._send(413, {"error": f"body over {MAX_BODY} bytes"})
+                return
+            if self.path in routes:
+                self._action(routes[self.path], length)
                 return
             try:
                 sql = json.loads(self.rfile.read(length))["query"]
@@ -63,8 +75,21 @@ def serve_queries(ch: ClickHouse, host: str = "127.0.0.1", port: int = 0) -> Thr
                 return
             try:
                 self._send(200, ch.query(sql).to_json())
-            except Exception as exc:  # a bad query is the caller's error, reported back
+            except Exception as exc:  # noqa: BLE001 (a bad query is the caller's error, reported back)
                 self._send(400, {"error": str(exc).strip().splitlines()[0][:2000]})
+
+        def _action(self, action: Action, length: int) -> None:
+            try:
+                body = json.loads(self.rfile.read(length) or b"{}")
+            except ValueError:
+                body = None
+            if not isinstance(body, dict):
+                self._send(400, {"error": "body must be a JSON object"})
+                return
+            try:
+                self._send(200, action(body))
+            except Exception as exc:  # noqa: BLE001 (reported to the caller, who prints it)
+                self._send(500, {"error": f"{type(exc).__name__}: {str(exc).strip()[:2000]}"})
 
     server = ThreadingHTTPServer((host, port), Handler)
     threading.Thread(target=server.serve_forever, name="query-api", daemon=True).start()

@@ -1,0 +1,81 @@
+"""Which topic lands in which table, and one batch of them: decode, route, insert as Arrow.
+
+Shared by the sink (live, committing offsets after :meth:`SinkBatch.insert`) and by ``litstream replay --sink
+clickhouse`` (rebuilding the tables from the beginning of each topic).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from litstream.infra.clickhouse import ClickHouse
+from litstream.infra.topics import Topics
+from litstream.schemas.codec import Codec, DecodeError
+from litstream.schemas.events import SpanRecorded, TripletEmitted
+
+from .deadletter import DeadLetter
+from .event_rows import LIFECYCLE_TYPES, Positioned, event_arrow, triplet_arrow
+from .span_rows import span_arrow
+
+SPANS_TABLE = "spans"
+EVENTS_TABLE = "rollout_events"
+TRIPLETS_TABLE = "triplets"
+# topic role -> table; every table is a ReplacingMergeTree keyed by the record's identity (see migrations/).
+SINK_TOPICS: dict[str, str] = {"spans": SPANS_TABLE, "rollout-events": EVENTS_TABLE, "triplets": TRIPLETS_TABLE}
+
+
+def sink_topics(topics: Topics) -> dict[str, str]:
+    """Physical topic name -> table."""
+    return {topics.name(role): table for role, table in SINK_TOPICS.items()}
+
+
+@dataclass
+class SinkBatch:
+    """Decoded records waiting for one insert per table, and the messages that cannot be stored (dead letters)."""
+
+    topics: Topics
+    codec: Codec
+    processor: str
+    spans: list[SpanRecorded] = field(default_factory=list)
+    events: list[Positioned] = field(default_factory=list)
+    triplets: list[TripletEmitted] = field(default_factory=list)
+    letters: list[DeadLetter] = field(default_factory=list)
+    nbytes: int = 0
+
+    def __len__(self) -> int:
+        return len(self.spans) + len(self.events) + len(self.triplets) + len(self.letters)
+
+    def add(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None) -> None:
+        self.nbytes += len(value or b"")
+
+        def dead(reason: str, kind: str) -> None:
+            self.letters.append(DeadLetter(topic, partition, offset, key, value, reason, self.processor, kind))
+
+        try:
+            if topic == self.topics.spans:
+                self.spans.append(self.codec.decode_as(value, SpanRecorded))
+            elif topic == self.topics.triplets:
+                self.triplets.append(self.codec.decode_as(value, TripletEmitted))
+            elif topic == self.topics.rollout_events:
+                event = self.codec.decode(value)
+                if not isinstance(event, LIFECYCLE_TYPES):
+                    dead(f"{type(event).__name__} does not belong on {topic}", "invalid")
+                    return
+                self.events.append(Positioned(event, partition, offset))
+            else:
+                dead(f"{topic} is not a topic the sink stores", "invalid")
+        except DecodeError as exc:
+            dead(exc.reason, "decode")
+
+    def insert(self, ch: ClickHouse) -> dict[str, int]:
+        """Insert every table's rows (Arrow); returns rows per table. Idempotent: the tables collapse repeats."""
+        now = time.time_ns()
+        counts = {SPANS_TABLE: len(self.spans), EVENTS_TABLE: len(self.events), TRIPLETS_TABLE: len(self.triplets)}
+        if self.spans:
+            ch.insert_arrow(SPANS_TABLE, span_arrow(self.spans, now))
+        if self.events:
+            ch.insert_arrow(EVENTS_TABLE, event_arrow(self.events, now))
+        if self.triplets:
+            ch.insert_arrow(TRIPLETS_TABLE, triplet_arrow(self.triplets, now))
+        return counts
