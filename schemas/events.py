@@ -271,6 +271,8 @@ class NamedResourceRecord(AvroModel):
     sampling_parameters: dict[str, Any] = Field(default_factory=dict)
     template: str | None = None
     engine: str | None = None
+    version: int | None = None
+    checkpoint: str | None = None
 
 
 class ResourcesPublished(AvroModel):

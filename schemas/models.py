@@ -189,6 +189,10 @@ class LLM(BaseModel):
     model: str
     api_key: str | None = None
     sampling_parameters: dict[str, Any] = Field(default_factory=dict)
+    # A trained policy's publication also says which version it is and where its weights are (litstream's own
+    # fields; clients of the reference API ignore them).
+    version: int | None = None
+    checkpoint: str | None = None
 
     def get_base_url(self) -> str:
         return self.endpoint
