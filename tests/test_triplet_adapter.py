@@ -12,15 +12,16 @@ from litstream.streams.trace_tree import VIRTUAL_ROOT, RewardMatchPolicy, TraceS
 from litstream.streams.triplet_adapter import LlmProxyTraceToTriplet, TracerTraceToTriplet, trace_spans
 
 LLM = "openai.chat.completion"
-TOKENS = {"prompt_token_ids": [1, 2, 3], "response_token_ids": [4, 5]}
+TOKENS: dict[str, Any] = {"prompt_token_ids": [1, 2, 3], "response_token_ids": [4, 5]}
 
 
-def sp(span_id: str, parent: str | None, name: str, start: int, end: int, seq: int = 0, **attrs: Any) -> TraceSpan:
+def sp(span_id: str, parent: str | None, name: str, start: int, end: int, seq: int = 0, /,
+       **attrs: Any) -> TraceSpan:
     return TraceSpan(span_id=span_id, parent_id=parent, name=name, start=start, end=end, attributes=attrs,
                      sequence_id=seq)
 
 
-def llm(span_id: str, parent: str | None, start: int, end: int, **attrs: Any) -> TraceSpan:
+def llm(span_id: str, parent: str | None, start: int, end: int, /, **attrs: Any) -> TraceSpan:
     return sp(span_id, parent, LLM, start, end, **{**TOKENS, **attrs})
 
 
@@ -231,13 +232,13 @@ def test_skipping_calls_without_tokens_before_matching_keeps_the_reward_trainabl
 def test_llm_proxy_adapter_orders_and_matches_by_sequence_id() -> None:
     spans = [
         reward("r-first", None, 0, 9.0, seq=1),  # no call before it
-        sp("p1", None, "raw_gen_ai_request", 100, 110, seq=2, **{
+        sp("p1", None, "raw_gen_ai_request", 100, 110, 2, **{
             "llm.hosted_vllm.prompt_token_ids": "[1, 2]", "llm.hosted_vllm.response_token_ids": "[[3, 4]]",
             "llm.hosted_vllm.id": "a"}),
-        sp("p1-copy", None, "raw_gen_ai_request", 100, 110, seq=3, **{
+        sp("p1-copy", None, "raw_gen_ai_request", 100, 110, 3, **{
             "llm.hosted_vllm.prompt_token_ids": "[1, 2]", "llm.hosted_vllm.choices": "[{'token_ids': [3, 4]}]",
             "llm.hosted_vllm.id": "a"}),
-        sp("p2", None, "litellm_request", 0, 1, seq=4, prompt_token_ids=[5], response_token_ids=[6]),
+        sp("p2", None, "litellm_request", 0, 1, 4, prompt_token_ids=[5], response_token_ids=[6]),
         reward("r", None, 0, 1.0, seq=5),  # timestamps are ignored: only sequence ids count
         reward("r-same-seq", None, 0, 0.5, seq=2),  # not strictly after p1
     ]
