@@ -1,0 +1,160 @@
+"""Checkpoints: ``<root>/v{N}/`` with the weights (safetensors, untied), the model config, the tokenizer, the
+optimizer state and ``trainer_state.json`` (version, step).
+
+A checkpoint directory is also what an inference engine loads: transformers' ``from_pretrained`` and vLLM's
+``reload_weights`` read it as is. It is written into a temporary sibling and renamed into place, so a reader
+never sees half a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .tokenizer import Tokenizer, load_tokenizer
+
+WEIGHTS = "model.safetensors"
+OPTIMIZER = "optimizer.pt"
+STATE = "trainer_state.json"
+_DIR = re.compile(r"^v(\d+)$")
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    model: Any
+    tokenizer: Tokenizer
+    version: int
+    step: int
+    optimizer_state: dict[str, Any] | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def checkpoint_path(root: str | Path, version: int) -> Path:
+    return Path(root) / f"v{version}"
+
+
+def list_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints under ``root``, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = []
+    for p in root.iterdir():
+        m = _DIR.match(p.name)
+        if m and (p / STATE).exists():
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    found = list_checkpoints(root)
+    return found[-1][1] if found else None
+
+
+def save_checkpoint(root: str | Path, model: Any, tokenizer: Tokenizer, version: int, step: int = 0,
+                    optimizer: torch.optim.Optimizer | None = None, extra: dict[str, Any] | None = None,
+                    keep_last: int | None = 3) -> Path:
+    from safetensors.torch import save_file
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = checkpoint_path(root, version)
+    tmp = root / f".tmp-v{version}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+        _check_untied(model, state)
+        save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        model.config.tie_word_embeddings = False
+        model.config.save_pretrained(str(tmp))
+        tokenizer.save(tmp)
+        if optimizer is not None:
+            torch.save(optimizer.state_dict(), tmp / OPTIMIZER)
+        meta = {"version": version, "step": step, "time": time.time(), "extra": extra or {}}
+        (tmp / STATE).write_text(json.dumps(meta))
+        _fsync_dir_files(tmp)
+        if final.exists():  # re-saving a version: move the old one aside first (rename cannot replace a dir)
+            old = root / f".old-v{version}-{uuid.uuid4().hex[:8]}"
+            os.rename(final, old)
+            shutil.rmtree(old, ignore_errors=True)
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if keep_last is not None:
+        prune(root, keep_last)
+    return final
+
+
+def prune(root: str | Path, keep_last: int) -> list[Path]:
+    """Removes all but the newest ``keep_last`` checkpoints; returns what it removed."""
+    found = list_checkpoints(root)
+    doomed = [p for _, p in found[: max(0, len(found) - max(1, keep_last))]]
+    for p in doomed:
+        shutil.rmtree(p, ignore_errors=True)
+    return doomed
+
+
+def checkpoint_meta(path: str | Path) -> dict[str, Any]:
+    """``trainer_state.json`` of one checkpoint: version, step, time, extra."""
+    return dict(json.loads((Path(path) / STATE).read_text()))
+
+
+def checkpoint_extra(path: str | Path) -> dict[str, Any]:
+    """What the saver passed as ``extra`` (e.g. the service's consumer positions and window buffer)."""
+    return dict(checkpoint_meta(path).get("extra") or {})
+
+
+def load_checkpoint(path: str | Path, with_optimizer: bool = True) -> Checkpoint:
+    """Loads ``path`` (one ``v{N}`` directory, or a root: then its latest checkpoint)."""
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    if not (path / STATE).exists():
+        latest = latest_checkpoint(path)
+        if latest is None:
+            raise FileNotFoundError(f"no checkpoint at {path}")
+        path = latest
+    meta = json.loads((path / STATE).read_text())
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    model.eval()
+    opt_state = None
+    if with_optimizer and (path / OPTIMIZER).exists():
+        opt_state = torch.load(path / OPTIMIZER, map_location="cpu", weights_only=True)
+    return Checkpoint(path=path, model=model, tokenizer=load_tokenizer(path), version=int(meta["version"]),
+                      step=int(meta["step"]), optimizer_state=opt_state, extra=meta.get("extra", {}))
+
+
+def load_weights_into(model: Any, path: str | Path) -> None:
+    """Overwrites ``model``'s weights in place from a checkpoint directory (same architecture)."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(Path(path) / WEIGHTS))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or [k for k in missing if not k.endswith("inv_freq")]:
+        raise ValueError(f"checkpoint does not match the model: missing {missing}, unexpected {unexpected}")
+
+
+def _check_untied(model: Any, state: dict[str, torch.Tensor]) -> None:
+    out, inp = model.get_output_embeddings(), model.get_input_embeddings()
+    if out is not None and out.weight.data_ptr() == inp.weight.data_ptr():
+        raise ValueError("tied input/output embeddings: untie them first (policy.untie)")
+    if out is not None and "lm_head.weight" not in state:
+        raise ValueError("the state dict has no explicit lm_head.weight")
+
+
+def _fsync_dir_files(directory: Path) -> None:
+    for p in directory.iterdir():
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())

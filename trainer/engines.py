@@ -1,0 +1,352 @@
+"""Inference engines that generate rollouts and take new policy versions: in-process torch, or a vLLM server.
+
+``Generation.logprobs`` holds, for each sampled token, its log-prob under the policy's *untempered* softmax
+(temperature 1, no top-p), whatever temperature and top-p were used to sample it. That is the quantity GRPO's
+ratio needs as the old log-prob, since the learner scores tokens the same way; it is also what vLLM reports by
+default (``logprobs_mode="raw_logprobs"``). A response that stopped on eos includes the eos token (with its
+log-prob), so the policy learns to stop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, Self, runtime_checkable
+
+import torch
+import torch.nn.functional as F
+
+from .checkpoint import load_checkpoint, load_weights_into
+from .tokenizer import Tokenizer
+
+
+@dataclass
+class Generation:
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str  # "stop" (eos) | "length"
+
+
+@runtime_checkable
+class InferenceEngine(Protocol):
+    @property
+    def version(self) -> int: ...
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 1.0,
+                 top_p: float = 1.0, seed: int | None = None) -> list[Generation]: ...
+
+    def apply_version(self, version: int, checkpoint_dir: str | Path) -> float:
+        """Serve the weights in ``checkpoint_dir`` as ``version`` from now on; returns the seconds it took."""
+        ...
+
+    def close(self) -> None: ...
+
+
+# --- torch ---------------------------------------------------------------------------------------------------
+
+
+class TorchEngine:
+    """Batched sampling with a KV cache, in this process. Not thread-safe: one generate or apply at a time."""
+
+    def __init__(self, model: Any, tokenizer: Tokenizer, version: int = 0) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self._version = version
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path) -> TorchEngine:
+        ck = load_checkpoint(path, with_optimizer=False)
+        return cls(ck.model, ck.tokenizer, ck.version)
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def apply_version(self, version: int, checkpoint_dir: str | Path) -> float:
+        t0 = time.perf_counter()
+        load_weights_into(self.model, checkpoint_dir)
+        self._version = version
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        pass
+
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 1.0,
+                 top_p: float = 1.0, seed: int | None = None) -> list[Generation]:
+        if not prompts:
+            return []
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("empty prompt")
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        pad, eos = self.tokenizer.pad_id, self.tokenizer.eos_id
+        B, P = len(prompts), max(len(p) for p in prompts)
+        # Left padding: every row's next token comes from the last column.
+        ids = torch.full((B, P), pad, dtype=torch.long)
+        attn = torch.zeros((B, P), dtype=torch.long)
+        for b, p in enumerate(prompts):
+            ids[b, P - len(p):] = torch.tensor(list(p), dtype=torch.long)
+            attn[b, P - len(p):] = 1
+        pos = (attn.cumsum(1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+        past, logits = out.past_key_values, out.logits[:, -1, :]
+        next_pos = pos[:, -1:] + 1
+        tokens: list[list[int]] = [[] for _ in range(B)]
+        lps: list[list[float]] = [[] for _ in range(B)]
+        done = torch.zeros(B, dtype=torch.bool)
+        for step in range(max_new_tokens):
+            logp = F.log_softmax(logits.float(), dim=-1)
+            nxt = _sample(logp, temperature, top_p, gen)
+            chosen = logp.gather(1, nxt.unsqueeze(1)).squeeze(1)
+            for b in range(B):
+                if not done[b]:
+                    tokens[b].append(int(nxt[b]))
+                    lps[b].append(float(chosen[b]))
+            done |= nxt == eos
+            if bool(done.all()) or step == max_new_tokens - 1:
+                break
+            feed = torch.where(done, torch.full_like(nxt, pad), nxt).unsqueeze(1)
+            attn = torch.cat([attn, torch.ones((B, 1), dtype=torch.long)], dim=1)
+            out = self.model(input_ids=feed, attention_mask=attn, position_ids=next_pos, past_key_values=past,
+                             use_cache=True)
+            past, logits = out.past_key_values, out.logits[:, -1, :]
+            next_pos = next_pos + 1
+        result = []
+        for b, p in enumerate(prompts):
+            stopped = bool(tokens[b]) and tokens[b][-1] == eos
+            result.append(Generation(prompt_token_ids=list(p), token_ids=tokens[b], logprobs=lps[b],
+                                     text=self.tokenizer.decode(tokens[b]),
+                                     finish_reason="stop" if stopped else "length"))
+        return result
+
+
+def _sample(logp: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator | None) -> torch.Tensor:
+    if temperature <= 0:
+        return logp.argmax(dim=-1)
+    probs = F.softmax(logp / temperature, dim=-1)
+    if top_p < 1.0:
+        sp, si = probs.sort(dim=-1, descending=True)
+        cut = sp.cumsum(-1) - sp > top_p  # drop tokens once the mass before them exceeds top_p
+        sp = sp.masked_fill(cut, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, si, sp)
+    return torch.multinomial(probs, 1, generator=gen).squeeze(1)
+
+
+# --- vLLM ----------------------------------------------------------------------------------------------------
+
+
+class VllmEngine:
+    """Drives a vLLM OpenAI-compatible server: token-id prompts in, token ids and their log-probs out.
+
+    Hot-swapping weights needs the server started with ``VLLM_SERVER_DEV_MODE=1`` (it exposes ``/pause``,
+    ``/collective_rpc``, ``/reset_prefix_cache``, ``/update_weight_version``, ``/resume``), and a checkpoint
+    directory the server can read (same filesystem) with untied embeddings.
+    """
+
+    def __init__(self, base_url: str, model: str, api_key: str | None = None, version: int = 0,
+                 timeout: float = 300.0, max_parallel: int = 8) -> None:
+        root = base_url.rstrip("/")
+        self.root = root.removesuffix("/v1")
+        self.model = model
+        self.api_key = api_key
+        self._version = version
+        self.timeout = timeout
+        self.max_parallel = max_parallel
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def _post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        data = json.dumps(body or {}).encode()
+        req = urllib.request.Request(self.root + path, data=data, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        if self.api_key:
+            req.add_header("Authorization", f"Bearer {self.api_key}")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as exc:
+            raise RuntimeError(f"POST {path}: HTTP {exc.code}: {exc.read()[:500]!r}") from None
+        return json.loads(raw) if raw.strip() else None
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 1.0,
+                 top_p: float = 1.0, seed: int | None = None) -> list[Generation]:
+        if not prompts:
+            return []
+        if seed is None:  # one batched request
+            return self._complete([list(p) for p in prompts], max_new_tokens, temperature, top_p, None)
+        # A request's seed applies to every prompt in it, so identical prompts (a GRPO group) would sample
+        # identical responses: one request per prompt, seeds seed, seed + 1, ...
+        with ThreadPoolExecutor(max_workers=min(self.max_parallel, len(prompts))) as pool:
+            futs = [pool.submit(self._complete, [list(p)], max_new_tokens, temperature, top_p, seed + i)
+                    for i, p in enumerate(prompts)]
+            return [f.result()[0] for f in futs]
+
+    def _complete(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
+                  seed: int | None) -> list[Generation]:
+        body: dict[str, Any] = {
+            "model": self.model, "prompt": prompts, "max_tokens": max_new_tokens, "temperature": temperature,
+            "top_p": top_p, "logprobs": 1, "return_tokens_as_token_ids": True, "return_token_ids": True,
+            "skip_special_tokens": False,
+        }
+        if seed is not None:
+            body["seed"] = seed
+        resp = self._post("/v1/completions", body)
+        out: list[Generation | None] = [None] * len(prompts)
+        for choice in resp["choices"]:
+            i = int(choice["index"])
+            out[i] = parse_choice(choice, prompts[i])
+        if any(g is None for g in out):
+            raise RuntimeError("the server answered fewer choices than prompts")
+        return [g for g in out if g is not None]
+
+    def apply_version(self, version: int, checkpoint_dir: str | Path) -> float:
+        t0 = time.perf_counter()
+        self._post("/pause")
+        try:
+            self._post("/collective_rpc", {"method": "reload_weights",
+                                           "kwargs": {"weights_path": str(Path(checkpoint_dir).resolve())}})
+            self._post("/reset_prefix_cache")  # cached KV blocks were computed by the old weights
+            self._post("/update_weight_version", {"new_version": str(version)})
+        finally:
+            self._post("/resume")
+        self._version = version
+        return time.perf_counter() - t0
+
+    def weight_info(self) -> Any:
+        with urllib.request.urlopen(self.root + "/weight_info", timeout=self.timeout) as resp:
+            return json.loads(resp.read())
+
+    def close(self) -> None:
+        pass
+
+
+def parse_choice(choice: dict[str, Any], prompt: list[int]) -> Generation:
+    """One completion choice into a Generation: token ids from ``token_ids`` (newer vLLM, ``return_token_ids``)
+    or from ``token_id:N`` strings (``return_tokens_as_token_ids``), log-probs from ``token_logprobs``."""
+    lp = choice.get("logprobs") or {}
+    strs = lp.get("tokens") or []
+    logprobs = [float(x) if x is not None else 0.0 for x in (lp.get("token_logprobs") or [])]
+    ids = choice.get("token_ids")
+    if ids is None:
+        ids = [int(s.removeprefix("token_id:")) for s in strs]
+    ids = [int(i) for i in ids]
+    if len(logprobs) != len(ids):
+        raise RuntimeError(f"{len(ids)} tokens but {len(logprobs)} log-probs: is logprobs enabled on the server?")
+    finish = choice.get("finish_reason") or "length"
+    return Generation(prompt_token_ids=list(prompt), token_ids=ids, logprobs=logprobs,
+                      text=choice.get("text") or "", finish_reason="stop" if finish == "stop" else finish)
+
+
+@dataclass
+class VllmServer:
+    process: subprocess.Popen[bytes]
+    base_url: str  # ends with /v1
+    model: str
+    log_path: Path
+
+    def engine(self, version: int = 0) -> VllmEngine:
+        return VllmEngine(self.base_url, self.model, version=version)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def vllm_server_command(model_dir: str | Path, port: int, served_name: str, python: str | None = None,
+                        max_model_len: int | None = None, extra_args: Sequence[str] = ()) -> list[str]:
+    cmd = [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+           "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
+           "--dtype", "float32", "--enforce-eager"]
+    if max_model_len is not None:
+        cmd += ["--max-model-len", str(max_model_len)]
+    return cmd + list(extra_args)
+
+
+def vllm_server_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    # CPU backend: a small KV cache (GiB); the model must load from disk; dev mode exposes the hot-swap routes.
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env["VLLM_SERVER_DEV_MODE"] = "1"
+    return env
+
+
+def start_vllm_server(model_dir: str | Path, served_name: str = "policy", port: int | None = None,
+                      python: str | None = None, log_path: str | Path | None = None, ready_timeout: float = 300.0,
+                      max_model_len: int | None = None, extra_args: Sequence[str] = ()) -> VllmServer:
+    """Starts ``vllm.entrypoints.openai.api_server`` on CPU for ``model_dir`` and waits until it serves."""
+    port = port or _free_port()
+    log = Path(log_path) if log_path else Path(model_dir).parent / f"vllm-{port}.log"
+    cmd = vllm_server_command(model_dir, port, served_name, python, max_model_len, extra_args)
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=vllm_server_env())
+    server = VllmServer(process=proc, base_url=f"http://127.0.0.1:{port}/v1", model=served_name, log_path=log)
+    deadline = time.monotonic() + ready_timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"vLLM exited with {proc.returncode}:\n{tail}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as resp:
+                if resp.status == 200:
+                    return server
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.5)
+    server.stop()
+    raise TimeoutError(f"vLLM not ready after {ready_timeout} s (log: {log})")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --- choosing an engine --------------------------------------------------------------------------------------
+
+
+def engine_for_resource(resource: Any, version: int = 0) -> InferenceEngine:
+    """The engine an LLM resource names: ``torch://<checkpoint dir>`` -> TorchEngine, ``http(s)://`` ->
+    VllmEngine. An explicit ``engine`` field ("torch" | "vllm") wins. Takes ``schemas.models.LLM``, an
+    ``events.NamedResourceRecord`` or a dict with the same fields."""
+    get = resource.get if isinstance(resource, dict) else lambda k, d=None: getattr(resource, k, d)
+    endpoint = get("endpoint") or ""
+    kind = (get("engine") or "").lower() or None
+    if kind is None:
+        if endpoint.startswith("torch://"):
+            kind = "torch"
+        elif endpoint.startswith(("http://", "https://")):
+            kind = "vllm"
+        else:
+            raise ValueError(f"cannot tell the engine of endpoint {endpoint!r}")
+    if kind == "torch":
+        return TorchEngine.from_checkpoint(endpoint.removeprefix("torch://"))
+    if kind == "vllm":
+        return VllmEngine(endpoint, get("model") or "", api_key=get("api_key"), version=version)
+    raise ValueError(f"unknown engine {kind!r} (torch | vllm)")

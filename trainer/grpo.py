@@ -1,0 +1,160 @@
+"""GRPO in plain torch: group-normalised advantages, per-token log-probs of responses, the clipped loss.
+
+Conventions (those of TRL's GRPOTrainer and verl):
+
+* advantage ``A_i = (r_i - mean_g) / (std_g + eps)`` over the members of i's group, with the *sample* standard
+  deviation (n - 1 in the denominator, as ``torch.std`` computes it); a group of one has no spread, so its
+  member's advantage is 0 (it contributes no policy gradient);
+* the ratio is taken against the log-probs the generating engine reported for the sampled tokens (old
+  log-probs), clipped at ``1 +- eps`` (0.2), with an optional dual clip ``c`` (verl: 3) bounding the loss of
+  negative-advantage tokens whose ratio exploded;
+* the KL to a reference policy is the k3 estimator ``exp(ref - logp) - (ref - logp) - 1``, weight beta (0 by
+  default);
+* the loss is the token mean over the whole batch (every response token weighs the same).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+def group_advantages(rewards: Sequence[float], group_ids: Sequence[Hashable], eps: float = 1e-6,
+                     unbiased: bool = True) -> list[float]:
+    """Per-sample advantages, normalised within each group (see the module's conventions)."""
+    if len(rewards) != len(group_ids):
+        raise ValueError("rewards and group_ids differ in length")
+    members: dict[Hashable, list[int]] = {}
+    for i, g in enumerate(group_ids):
+        members.setdefault(g, []).append(i)
+    out = [0.0] * len(rewards)
+    for idx in members.values():
+        n = len(idx)
+        if n < 2:
+            continue
+        rs = [float(rewards[i]) for i in idx]
+        mean = sum(rs) / n
+        var = sum((r - mean) ** 2 for r in rs) / (n - 1 if unbiased else n)
+        std = math.sqrt(var)
+        for i, r in zip(idx, rs):
+            out[i] = (r - mean) / (std + eps)
+    return out
+
+
+@dataclass
+class TokenBatch:
+    """Prompt+response sequences, right-padded, and where each response sits."""
+
+    input_ids: torch.Tensor  # [B, L]
+    attention_mask: torch.Tensor  # [B, L]
+    prompt_lens: torch.Tensor  # [B]
+    response_mask: torch.Tensor  # [B, R]: 1 on real response tokens
+    response_ids: torch.Tensor  # [B, R] (pad where masked)
+
+
+def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int) -> TokenBatch:
+    if len(prompts) != len(responses):
+        raise ValueError("prompts and responses differ in length")
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token (the first response token is predicted from it)")
+    seqs = [list(p) + list(r) for p, r in zip(prompts, responses)]
+    B, L = len(seqs), max(len(s) for s in seqs)
+    R = max(1, max(len(r) for r in responses))
+    input_ids = torch.full((B, L), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, L), dtype=torch.long)
+    resp_ids = torch.full((B, R), pad_id, dtype=torch.long)
+    resp_mask = torch.zeros((B, R), dtype=torch.float32)
+    for b, (p, r) in enumerate(zip(prompts, responses)):
+        n = len(p) + len(r)
+        input_ids[b, :n] = torch.tensor(list(p) + list(r), dtype=torch.long)
+        attn[b, :n] = 1
+        if r:
+            resp_ids[b, : len(r)] = torch.tensor(list(r), dtype=torch.long)
+            resp_mask[b, : len(r)] = 1.0
+    prompt_lens = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+    return TokenBatch(input_ids, attn, prompt_lens, resp_mask, resp_ids)
+
+
+def response_logprobs(model: Any, batch: TokenBatch, with_entropy: bool = False,
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs [B, R] of each response token given everything before it (untempered softmax), and
+    optionally the entropy [B, R] of the distribution it was drawn from. Masked positions hold 0."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [B, L, V]
+    B, L, V = logits.shape
+    R = batch.response_ids.shape[1]
+    # The token at position t is predicted by the logits at t - 1: response token j by position plen - 1 + j.
+    pos = (batch.prompt_lens.unsqueeze(1) - 1 + torch.arange(R).unsqueeze(0)).clamp(max=L - 1)  # [B, R]
+    picked = logits.gather(1, pos.unsqueeze(-1).expand(B, R, V)).float()  # [B, R, V]
+    logp_all = F.log_softmax(picked, dim=-1)
+    logp = logp_all.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1) * batch.response_mask
+    entropy = None
+    if with_entropy:
+        entropy = -(logp_all.exp() * logp_all).sum(-1) * batch.response_mask
+    return logp, entropy
+
+
+@dataclass
+class LossConfig:
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None  # asymmetric upper clip (DAPO's clip-higher); None: = clip_eps
+    dual_clip: float | None = None  # c > 1, e.g. 3.0; None: off
+    kl_beta: float = 0.0
+
+
+@dataclass
+class LossStats:
+    """Token sums over the batch given to ``grpo_loss`` (so micro-batches add up); divide by ``tokens``."""
+
+    tokens: float
+    clipped: float
+    ratio: float
+    kl: float
+    entropy: float
+
+
+def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+              cfg: LossConfig | None = None, ref_logp: torch.Tensor | None = None,
+              entropy: torch.Tensor | None = None, normalizer: float | None = None,
+              ) -> tuple[torch.Tensor, LossStats]:
+    """The GRPO loss: ``sum over tokens of per-token loss / normalizer``.
+
+    ``logp``, ``old_logp``, ``ref_logp``, ``mask``: [B, R]; ``advantages``: [B] (one per sequence).
+    ``normalizer`` defaults to this batch's token count; a micro-batched step passes the whole batch's count so
+    that the summed gradients equal those of one token-mean over everything.
+    """
+    cfg = cfg or LossConfig()
+    mask = mask.float()
+    adv = advantages.unsqueeze(1).to(logp.dtype)
+    lo, hi = 1.0 - cfg.clip_eps, 1.0 + (cfg.clip_eps_high if cfg.clip_eps_high is not None else cfg.clip_eps)
+    log_ratio = (logp - old_logp) * mask  # masked positions: ratio exactly 1
+    ratio = torch.exp(log_ratio)
+    pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(lo, hi))
+    if cfg.dual_clip is not None:
+        if cfg.dual_clip <= 1.0:
+            raise ValueError("dual_clip must exceed 1")
+        pg = torch.where(adv < 0, torch.minimum(pg, -adv * cfg.dual_clip), pg)
+    per_token = pg
+    kl = torch.zeros_like(logp)
+    if ref_logp is not None:
+        d = (ref_logp - logp) * mask
+        kl = torch.exp(d) - d - 1.0
+        if cfg.kl_beta:
+            per_token = per_token + cfg.kl_beta * kl
+    n_tokens = float(mask.sum().item())
+    norm = normalizer if normalizer is not None else max(n_tokens, 1.0)
+    loss = (per_token * mask).sum() / norm
+    with torch.no_grad():
+        clipped = ((ratio < lo) & (adv < 0)) | ((ratio > hi) & (adv > 0))
+        stats = LossStats(
+            tokens=n_tokens,
+            clipped=float((clipped.float() * mask).sum().item()),
+            ratio=float((ratio * mask).sum().item()),
+            kl=float((kl * mask).sum().item()),
+            entropy=float((entropy * mask).sum().item()) if entropy is not None else 0.0,
+        )
+    return loss, stats

@@ -1,0 +1,184 @@
+"""The GRPO learner: one optimizer step per window of groups; the policy version goes up by one per step."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .checkpoint import load_checkpoint, save_checkpoint
+from .grpo import LossConfig, LossStats, group_advantages, grpo_loss, pack, response_logprobs
+from .tokenizer import Tokenizer
+from .windows import Group, Sample
+
+
+@dataclass
+class LearnerConfig:
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.99)
+    max_grad_norm: float | None = 1.0
+    micro_batch_tokens: int = 4096  # padded (prompt + response) tokens per forward/backward: bounds memory
+    adv_eps: float = 1e-6
+    unbiased_std: bool = True
+    with_entropy: bool = True
+    loss: LossConfig = field(default_factory=LossConfig)
+
+
+@dataclass
+class StepStats:
+    version: int  # the version this step produced
+    step: int
+    samples: int
+    groups: int
+    tokens: int
+    micro_batches: int
+    loss: float
+    clip_frac: float
+    kl: float
+    ratio_mean: float
+    entropy: float
+    grad_norm: float
+    reward_mean: float
+    adv_abs_mean: float
+    zero_adv_groups: int  # groups whose members all scored the same: no signal
+    version_lag: float  # mean (version before the step - sample's policy version), versioned samples only
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class GrpoLearner:
+    def __init__(self, model: Any, tokenizer: Tokenizer, cfg: LearnerConfig | None = None,
+                 ref_model: Any | None = None, version: int = 0, step: int = 0) -> None:
+        self.cfg = cfg or LearnerConfig()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.version = version
+        self.step_count = step
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=self.cfg.lr, betas=self.cfg.betas,
+                                           weight_decay=self.cfg.weight_decay)
+        if ref_model is None and self.cfg.loss.kl_beta > 0:
+            ref_model = copy.deepcopy(model)  # the policy as it is now is the reference
+        self.ref_model = ref_model
+        if ref_model is not None:
+            ref_model.eval()
+            for p in ref_model.parameters():
+                p.requires_grad_(False)
+
+    # --- training ----------------------------------------------------------------------------------------
+
+    def step(self, groups: Sequence[Group] | Sequence[Sequence[Sample]]) -> StepStats:
+        t0 = time.perf_counter()
+        samples, gids = _flatten(groups)
+        if not samples:
+            raise ValueError("nothing to train on")
+        rewards = [s.reward for s in samples]
+        advs = group_advantages(rewards, gids, eps=self.cfg.adv_eps, unbiased=self.cfg.unbiased_std)
+        total_tokens = sum(len(s.response_token_ids) for s in samples)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        agg = LossStats(0, 0, 0, 0, 0)
+        loss_sum = 0.0
+        batches = self._micro_batches(samples)
+        for idx in batches:
+            loss, st = self._micro_step([samples[i] for i in idx], [advs[i] for i in idx], total_tokens)
+            loss.backward()
+            loss_sum += float(loss.item())
+            for name in ("tokens", "clipped", "ratio", "kl", "entropy"):
+                setattr(agg, name, getattr(agg, name) + getattr(st, name))
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.cfg.max_grad_norm is not None:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm).item())
+        else:
+            grad_norm = float(torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None])))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.eval()
+        lags = [self.version - s.policy_version for s in samples if s.policy_version is not None]
+        by_group: dict[str, list[float]] = {}
+        for s, g in zip(samples, gids):
+            by_group.setdefault(g, []).append(s.reward)
+        self.version += 1
+        self.step_count += 1
+        n = max(agg.tokens, 1.0)
+        return StepStats(
+            version=self.version, step=self.step_count, samples=len(samples), groups=len(by_group),
+            tokens=total_tokens, micro_batches=len(batches), loss=loss_sum, clip_frac=agg.clipped / n,
+            kl=agg.kl / n, ratio_mean=agg.ratio / n, entropy=agg.entropy / n, grad_norm=grad_norm,
+            reward_mean=sum(rewards) / len(rewards), adv_abs_mean=sum(abs(a) for a in advs) / len(advs),
+            zero_adv_groups=sum(1 for rs in by_group.values() if max(rs) == min(rs)),
+            version_lag=sum(lags) / len(lags) if lags else 0.0, seconds=time.perf_counter() - t0)
+
+    def _micro_step(self, samples: list[Sample], advs: list[float], normalizer: int,
+                    ) -> tuple[torch.Tensor, LossStats]:
+        batch = pack([s.prompt_token_ids for s in samples], [s.response_token_ids for s in samples],
+                     self.tokenizer.pad_id)
+        logp, entropy = response_logprobs(self.model, batch, with_entropy=self.cfg.with_entropy)
+        old = torch.zeros_like(logp)
+        for b, s in enumerate(samples):
+            n = len(s.response_token_ids)
+            if len(s.response_logprobs) == n:
+                old[b, :n] = torch.tensor(list(s.response_logprobs), dtype=old.dtype)
+            else:  # no engine log-probs: on-policy, ratio 1
+                old[b, :n] = logp[b, :n].detach()
+        ref = None
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref, _ = response_logprobs(self.ref_model, batch)
+        if entropy is not None:
+            entropy = entropy.detach()
+        return grpo_loss(logp, old, torch.tensor(advs, dtype=logp.dtype), batch.response_mask, self.cfg.loss,
+                         ref_logp=ref, entropy=entropy, normalizer=float(max(normalizer, 1)))
+
+    def _micro_batches(self, samples: list[Sample]) -> list[list[int]]:
+        """Greedy packing, longest first, so that n * longest <= micro_batch_tokens (at least one each)."""
+        order = sorted(range(len(samples)), key=lambda i: -_length(samples[i]))
+        out: list[list[int]] = []
+        cur: list[int] = []
+        for i in order:
+            longest = _length(samples[cur[0]]) if cur else _length(samples[i])
+            if cur and (len(cur) + 1) * longest > self.cfg.micro_batch_tokens:
+                out.append(cur)
+                cur = []
+            cur.append(i)
+        if cur:
+            out.append(cur)
+        return out
+
+    # --- persistence -------------------------------------------------------------------------------------
+
+    def save(self, root: str | Path, keep_last: int | None = 3, extra: dict[str, Any] | None = None) -> Path:
+        return save_checkpoint(root, self.model, self.tokenizer, self.version, step=self.step_count,
+                               optimizer=self.optimizer, extra=extra, keep_last=keep_last)
+
+    @classmethod
+    def resume(cls, path: str | Path, cfg: LearnerConfig | None = None, ref_model: Any | None = None,
+               ) -> GrpoLearner:
+        """From a checkpoint directory or root (latest): weights, optimizer state, version and step."""
+        ck = load_checkpoint(path)
+        learner = cls(ck.model, ck.tokenizer, cfg, ref_model=ref_model, version=ck.version, step=ck.step)
+        if ck.optimizer_state is not None:
+            learner.optimizer.load_state_dict(ck.optimizer_state)
+        return learner
+
+
+def _length(s: Sample) -> int:
+    return len(s.prompt_token_ids) + len(s.response_token_ids)
+
+
+def _flatten(groups: Sequence[Group] | Sequence[Sequence[Sample]]) -> tuple[list[Sample], list[str]]:
+    samples: list[Sample] = []
+    gids: list[str] = []
+    for g in groups:
+        members = g.samples if isinstance(g, Group) else list(g)
+        for s in members:
+            samples.append(s)
+            gids.append(s.group_id)
+    return samples, gids
