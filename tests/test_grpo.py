@@ -1,0 +1,102 @@
+"""GRPO maths against values computed by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from litstream.trainer.grpo import LossConfig, group_advantages, grpo_loss, pack, response_logprobs
+from litstream.trainer.policy import build_policy
+
+torch.set_num_threads(1)
+
+
+def test_advantages_sample_std_partial_and_single_groups() -> None:
+    rewards = [1.0, 0.0, 0.0, 1.0, 5.0, 2.0, 4.0]
+    groups = ["a", "a", "a", "a", "b", "c", "c"]
+    adv = group_advantages(rewards, groups, eps=0.0)
+    # group a: mean 0.5, sample std sqrt(4 * 0.25 / 3) = sqrt(1/3)
+    s = math.sqrt(1 / 3)
+    assert adv[:4] == pytest.approx([0.5 / s, -0.5 / s, -0.5 / s, 0.5 / s])
+    assert adv[4] == 0.0  # a group of one has no advantage
+    # group c (partial, 2 members): mean 3, sample std sqrt(2)
+    assert adv[5:] == pytest.approx([-1 / math.sqrt(2), 1 / math.sqrt(2)])
+
+
+def test_advantages_population_std_and_uniform_group() -> None:
+    adv = group_advantages([1.0, 0.0, 0.0, 1.0], ["a"] * 4, eps=0.0, unbiased=False)
+    assert adv == pytest.approx([1.0, -1.0, -1.0, 1.0])  # population std 0.5
+    assert group_advantages([0.3, 0.3, 0.3], ["g"] * 3) == [0.0, 0.0, 0.0]  # no spread, no signal
+
+
+def test_clipped_loss_by_hand() -> None:
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, 0.0]], requires_grad=True)
+    old = torch.tensor([[-1.2, -1.5], [-0.5, 0.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    adv = torch.tensor([1.0, -2.0])
+    loss, st = grpo_loss(logp, old, adv, mask, LossConfig(clip_eps=0.2))
+    # token (0,0): ratio e^0.2 = 1.2214 > 1.2 and A > 0 -> clipped: -1.2
+    # token (0,1): ratio e^-0.5 = 0.6065, A > 0 -> min(ratio, clip) = ratio: -0.6065
+    # token (1,0): ratio 1, A = -2 -> 2
+    expected = (-1.2 - math.exp(-0.5) + 2.0) / 3
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    assert st.tokens == 3 and st.clipped == 1
+    assert st.ratio / st.tokens == pytest.approx((math.exp(0.2) + math.exp(-0.5) + 1) / 3, abs=1e-6)
+    loss.backward()
+    assert logp.grad is not None
+    g = logp.grad
+    assert g[0, 0].item() == 0.0  # clipped: no gradient
+    assert g[0, 1].item() == pytest.approx(-math.exp(-0.5) / 3, abs=1e-6)  # d(-A * ratio)/dlogp / N
+    assert g[1, 0].item() == pytest.approx(2.0 / 3, abs=1e-6)
+    assert g[1, 1].item() == 0.0  # padding
+
+
+def test_dual_clip_bounds_negative_advantage_loss() -> None:
+    logp, old = torch.tensor([[0.0]]), torch.tensor([[-2.0]])  # ratio e^2 = 7.389
+    mask, adv = torch.ones(1, 1), torch.tensor([-1.0])
+    plain, _ = grpo_loss(logp, old, adv, mask, LossConfig())
+    assert plain.item() == pytest.approx(math.exp(2.0), abs=1e-5)  # max(7.389, 1.2)
+    dual, _ = grpo_loss(logp, old, adv, mask, LossConfig(dual_clip=3.0))
+    assert dual.item() == pytest.approx(3.0)
+
+
+def test_k3_kl_value_and_weight() -> None:
+    logp, old = torch.tensor([[-1.0, -1.0]]), torch.tensor([[-1.0, -1.0]])
+    ref = torch.tensor([[-0.5, -1.0]])  # ref - logp = 0.5, 0
+    mask, adv = torch.ones(1, 2), torch.tensor([0.0])
+    k3 = math.exp(0.5) - 0.5 - 1  # 0.14872
+    loss, st = grpo_loss(logp, old, adv, mask, LossConfig(kl_beta=0.1), ref_logp=ref)
+    assert st.kl / st.tokens == pytest.approx(k3 / 2, abs=1e-6)
+    assert loss.item() == pytest.approx(0.1 * k3 / 2, abs=1e-6)
+    off, _ = grpo_loss(logp, old, adv, mask, LossConfig(kl_beta=0.0), ref_logp=ref)
+    assert off.item() == pytest.approx(0.0, abs=1e-7)
+
+
+def test_normalizer_makes_micro_batches_add_up() -> None:
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, -0.1]])
+    old = logp - 0.05
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    adv = torch.tensor([0.7, -0.3])
+    whole, _ = grpo_loss(logp, old, adv, mask)
+    a, _ = grpo_loss(logp[:1], old[:1], adv[:1], mask[:1], normalizer=3.0)
+    b, _ = grpo_loss(logp[1:], old[1:], adv[1:], mask[1:], normalizer=3.0)
+    assert (a + b).item() == pytest.approx(whole.item(), abs=1e-7)
+
+
+def test_response_logprobs_match_unpadded_forward() -> None:
+    p = build_policy("tiny", seed=3)
+    prompts = [[257, 97, 120, 50, 61], [257, 98, 61]]
+    responses = [[97, 97, 258], [99]]
+    batch = pack(prompts, responses, p.tokenizer.pad_id)
+    logp, ent = response_logprobs(p.model, batch, with_entropy=True)
+    assert logp.shape == (2, 3) and ent is not None
+    for b, (pr, rs) in enumerate(zip(prompts, responses)):
+        with torch.no_grad():
+            logits = p.model(torch.tensor([pr + rs])).logits[0]
+        ref = torch.log_softmax(logits, -1)
+        for j, tok in enumerate(rs):
+            assert logp[b, j].item() == pytest.approx(ref[len(pr) - 1 + j, tok].item(), abs=1e-5)
+    assert logp[1, 1:].abs().sum().item() == 0.0  # masked
+    assert 0 < ent[0, 0].item() <= math.log(259) + 1e-4
