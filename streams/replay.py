@@ -1,5 +1,6 @@
 """Replay: rebuild rollout state from the event log with the same pure fold the processor uses, and compare it
-with the live state (``litstream replay --verify``)."""
+with the live state (``litstream replay --verify``); or rebuild the ClickHouse tables from their topics
+(``litstream replay --sink clickhouse``, :func:`replay_clickhouse`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from litstream.infra.clickhouse import ClickHouse, call_api, owner_api
 from litstream.infra.kafka import read_to_end
 from litstream.infra.settings import Settings
 from litstream.infra.topics import Topics
@@ -16,6 +18,7 @@ from litstream.schemas.events import Event, RolloutSnapshot
 
 from . import fold
 from .lifecycle import LIFECYCLE_EVENTS
+from .sink_tables import SinkBatch, sink_topics
 from .state import RolloutState
 from .stateview import StateView
 
@@ -118,3 +121,77 @@ def verify(settings: Settings, wait_s: float = 30.0) -> tuple[ReplayResult, list
             if not differences or time.monotonic() > deadline:
                 return result, differences
             time.sleep(0.5)
+
+
+# --- ClickHouse ---------------------------------------------------------------------------------------------
+
+REBUILD_TIMEOUT_S = 1800.0
+
+
+@dataclass
+class TableRebuild:
+    topic: str
+    read: int = 0  # records on the topic, from the beginning to its end
+    stored: int = 0  # decoded and inserted
+    undecodable: int = 0  # not stored (the live sink dead-lettered them; the rebuild only counts them)
+    rows: int = 0  # distinct rows in the table afterwards (FINAL)
+
+
+@dataclass
+class ClickHouseRebuild:
+    tables: dict[str, TableRebuild] = field(default_factory=dict)
+    truncated: bool = False
+    seconds: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        return {"tables": {t: vars(r) for t, r in self.tables.items()}, "truncated": self.truncated,
+                "seconds": round(self.seconds, 3)}
+
+
+def rebuild_clickhouse(settings: Settings, ch: ClickHouse, truncate: bool = False, batch_size: int = 5000,
+                       codec: Codec | None = None) -> ClickHouseRebuild:
+    """Insert every record of the sink's topics, from the beginning to the current end, on an open connection.
+
+    Re-inserting what is already there is harmless (the tables collapse a record's repeats), so without
+    ``truncate`` this also runs beside a live sink. With ``truncate`` the tables are emptied first: rows the live
+    sink writes meanwhile come from the same topics, so nothing is lost."""
+    codec = codec or default_codec(settings.schema_registry_url)
+    topics = Topics(settings.topic_prefix)
+    ch.migrate()
+    result = ClickHouseRebuild(truncated=truncate)
+    t0 = time.perf_counter()
+    for topic, table in sink_topics(topics).items():
+        if truncate:
+            ch.command(f"TRUNCATE TABLE IF EXISTS {table}")
+        stats = result.tables[table] = TableRebuild(topic)
+        batch = SinkBatch(topics, codec, "replay")
+        for msg in read_to_end(settings, topic, timeout=REBUILD_TIMEOUT_S):
+            stats.read += 1
+            batch.add(topic, int(msg.partition() or 0), int(msg.offset() or 0), msg.key(), msg.value())
+            if len(batch) >= batch_size:
+                _flush(ch, batch, stats)
+                batch = SinkBatch(topics, codec, "replay")
+        _flush(ch, batch, stats)
+        stats.rows = int(ch.query(f"SELECT count() FROM {table} FINAL").rows[0][0])
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _flush(ch: ClickHouse, batch: SinkBatch, stats: TableRebuild) -> None:
+    stats.stored += sum(batch.insert(ch).values())
+    stats.undecodable += len(batch.letters)
+
+
+def replay_clickhouse(settings: Settings, truncate: bool = False) -> dict[str, Any]:
+    """Rebuild the ClickHouse tables from the topics, wherever that can run: in the process that owns the chDB
+    directory when one runs (through its API; it reads the topics it sinks), else here (opening the directory,
+    or the server of an http:// DSN). Returns the summary, with ``where`` it ran."""
+    dsn = settings.resolved_clickhouse_dsn
+    api = owner_api(dsn)
+    if api is not None:
+        return {**call_api(api, "/replay", {"truncate": truncate}, timeout=REBUILD_TIMEOUT_S), "where": api}
+    ch = ClickHouse(dsn, role="replay")
+    try:
+        return {**rebuild_clickhouse(settings, ch, truncate).summary(), "where": "this process"}
+    finally:
+        ch.close()

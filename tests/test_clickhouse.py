@@ -1,42 +1,157 @@
-"""Spans in ClickHouse (chDB): the table, the sink's batches, deduplication, and the one-owner rule."""
+"""ClickHouse: the tables, Arrow inserts, deduplication, and the one-owner rule of chDB.
+
+Every test that does not depend on chDB's single-opener rule runs against chDB and, when CLICKHOUSE_URL is set
+(``http://user:password@host:8123``), against that server too, each test in a database of its own.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import textwrap
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from litstream.infra.clickhouse import ChdbLockedError, ClickHouse, query
-from litstream.streams.span_rows import SPAN_COLUMNS, span_columns
-from tests.samples import span
+from litstream.infra.clickhouse import ChdbLockedError, ClickHouse, query, write_owner
+from litstream.schemas.events import Event, TripletEmitted
+from litstream.streams.event_rows import LIFECYCLE_TYPES, Positioned, event_arrow, triplet_arrow
+from litstream.streams.span_rows import SPAN_COLUMNS, span_arrow, span_columns
+from tests.samples import RID, F, all_records, span
+
+MIGRATIONS = ["0001_spans", "0002_spans_genai_columns", "0003_rollout_events", "0004_triplets"]
+
+
+def _with_database(url: str, database: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{database}", parts.query, parts.fragment))
+
+
+@pytest.fixture(params=["chdb", "server"])
+def dsn(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "chdb":
+        yield f"chdb://{tmp_path / 'chdb'}"
+        return
+    url = os.environ.get("CLICKHOUSE_URL")
+    if not url:
+        pytest.skip("CLICKHOUSE_URL is not set")
+    import clickhouse_connect
+
+    database = f"litstream_test_{uuid.uuid4().hex[:12]}"
+    admin = clickhouse_connect.get_client(dsn=url)
+    admin.command(f"CREATE DATABASE {database}")
+    try:
+        yield _with_database(url, database)
+    finally:
+        admin.command(f"DROP DATABASE IF EXISTS {database}")
+        admin.close()
 
 
 @pytest.fixture
-def ch(tmp_path: Path):  # type: ignore[no-untyped-def]
-    c = ClickHouse(f"chdb://{tmp_path / 'chdb'}", role="test")
+def ch(dsn: str) -> Iterator[ClickHouse]:
+    c = ClickHouse(dsn, role="test")
     c.migrate()
     yield c
     c.close()
 
 
 def test_spans_land_with_otel_columns_and_rollout_columns(ch: ClickHouse) -> None:
-    spans = [span(i) for i in range(1, 6)]
-    ch.insert("spans", SPAN_COLUMNS, span_columns(spans))
+    ch.insert_arrow("spans", span_arrow([span(i) for i in range(1, 6)]))
     res = ch.query("SELECT rollout_id, attempt_id, sequence_id, SpanName, SpanKind, StatusCode, ServiceName, "
-                   "SpanAttributes['n'], SpanAttributes['ok'], Duration, length(Events.Name) "
-                   "FROM spans ORDER BY sequence_id")
+                   "SpanAttributes['n'], SpanAttributes['ok'], Duration, length(Events.Name), model "
+                   "FROM spans FINAL ORDER BY sequence_id")
     assert len(res.rows) == 5
-    assert res.rows[0] == ["ro-000000000001", "at-00000001", 1, "chat", "Client", "Ok", "svc", "3", "true", 1000, 1]
+    assert res.rows[0] == ["ro-000000000001", "at-00000001", 1, "chat", "Client", "Ok", "svc", "3", "true", 1000, 1,
+                           "m"]
+
+
+def test_arrow_keeps_nanoseconds_maps_and_nested_columns(ch: ClickHouse) -> None:
+    s = span(1)
+    ch.insert_arrow("spans", span_arrow([s]))
+    row = ch.query("SELECT toUnixTimestamp64Nano(Timestamp), arrayMap(t -> toUnixTimestamp64Nano(t), "
+                   "Events.Timestamp), Events.Name, Events.Attributes, Links.TraceId, Links.SpanId, "
+                   "Links.Attributes, ResourceAttributes, SpanAttributes FROM spans").rows[0]
+    assert row[0] == s.start_time_ns  # exact to the nanosecond
+    assert row[1] == [s.events[0].timestamp_ns]
+    assert row[2:5] == [["e"], [{"k": "v"}], ["cd" * 16]]
+    assert row[5:7] == [["ef" * 8], [{}]]
+    assert row[7] == {"service.name": "svc"}
+    assert row[8] == {"gen_ai.request.model": "m", "n": "3", "x": "0.5", "ok": "true", "list": "[1, 2]", "none": ""}
+
+
+def test_arrow_and_plain_inserts_store_the_same_rows(ch: ClickHouse) -> None:
+    spans = [span(i) for i in range(1, 4)]
+    cols = [c for c in SPAN_COLUMNS if c != "ingested_ns"]
+    ch.insert("spans", SPAN_COLUMNS, span_columns(spans))
+    plain = ch.query(f"SELECT {', '.join(cols)} FROM spans ORDER BY sequence_id").rows
+    ch.client.command("TRUNCATE TABLE spans")
+    ch.insert_arrow("spans", span_arrow(spans))
+    assert ch.query(f"SELECT {', '.join(cols)} FROM spans ORDER BY sequence_id").rows == plain
 
 
 def test_redelivered_spans_do_not_show_twice(ch: ClickHouse) -> None:
-    batch = span_columns([span(i) for i in range(1, 4)])
-    ch.insert("spans", SPAN_COLUMNS, batch)
-    ch.insert("spans", SPAN_COLUMNS, batch)  # the same batch again, as after a crash before the commit
+    spans = [span(i) for i in range(1, 4)]
+    ch.insert_arrow("spans", span_arrow(spans))
+    ch.insert_arrow("spans", span_arrow(spans))  # the same batch again, as after a crash before the commit
     assert ch.query("SELECT count() FROM spans FINAL").rows[0][0] == 3
+
+
+def test_reward_and_token_columns_are_materialised(ch: ClickHouse) -> None:
+    reward = span(1).model_copy(update={"name": "agentlightning.annotation",
+                                        "attributes": {"agentlightning.reward.0.value": 0.75}})
+    old_spelling = span(3).model_copy(update={"attributes": {"gen_ai.response.model": "r",
+                                                             "gen_ai.usage.prompt_tokens": 7,
+                                                             "gen_ai.usage.completion_tokens": 2}})
+    new_spelling = span(4).model_copy(update={"attributes": {"gen_ai.request.model": "q",
+                                                             "gen_ai.usage.input_tokens": 5,
+                                                             "gen_ai.usage.output_tokens": 1}})
+    ch.insert_arrow("spans", span_arrow([reward, span(2), old_spelling, new_spelling]))
+    assert ch.query("SELECT sum(reward), count(reward) FROM spans").rows[0] == [0.75, 1]
+    assert ch.query("SELECT sequence_id, model, input_tokens, output_tokens FROM spans WHERE sequence_id > 2 "
+                    "ORDER BY sequence_id").rows == [[3, "r", 7, 2], [4, "q", 5, 1]]
+
+
+def _lifecycle_events() -> list[Event]:
+    return [r for r in all_records() if isinstance(r, LIFECYCLE_TYPES)]
+
+
+def test_every_lifecycle_event_type_lands_in_rollout_events(ch: ClickHouse) -> None:
+    events = _lifecycle_events()
+    assert {type(e) for e in events} == set(LIFECYCLE_TYPES)
+    positioned = [Positioned(e, 1, offset) for offset, e in enumerate(events)]
+    ch.insert_arrow("rollout_events", event_arrow(positioned))
+    ch.insert_arrow("rollout_events", event_arrow(positioned))  # redelivered: collapses by event id
+    rows = ch.query("SELECT event_type, rollout_id, attempt_id, sequence_id, status, error, event_id, "
+                    "toUnixTimestamp64Nano(timestamp), kafka_offset, raw_json FROM rollout_events FINAL "
+                    "ORDER BY kafka_offset").rows
+    assert len(rows) == len(events)
+    by_type = {r[0]: r for r in rows}
+    assert by_type["AttemptStarted"][2:5] == ["at-1", 1, ""]
+    assert by_type["AttemptStatusChanged"][2:6] == ["at-1", 0, "failed", "boom"]
+    assert by_type["RolloutStatusChanged"][4:6] == ["cancelled", "user"]
+    for r, e in zip(rows, events):
+        assert (r[1], r[6], r[7]) == (RID, e.meta.event_id, e.meta.timestamp_ns)
+        assert json.loads(r[9]) == json.loads(e.model_dump_json())
+
+
+def test_triplets_collapse_by_rollout_attempt_and_index(ch: ClickHouse) -> None:
+    def triplet(index: int, reward: float) -> TripletEmitted:
+        return TripletEmitted(meta=F.meta(RID), attempt_id="at-1", group_id="g", index=index, policy_version="3",
+                              resources_id="policy-v3", prompt_token_ids=[1, 2], response_token_ids=[3],
+                              response_logprobs=[-0.25], prompt_text="p", response_text="r", reward=reward,
+                              metadata={"k": 1})
+
+    ch.insert_arrow("triplets", triplet_arrow([triplet(0, 0.0), triplet(1, 1.0)]))
+    ch.insert_arrow("triplets", triplet_arrow([triplet(1, 0.5)]))  # emitted again: the later one stays
+    rows = ch.query("SELECT `index`, reward, prompt_token_ids, response_token_ids, response_logprobs, "
+                    "policy_version, resources_id, metadata_json FROM triplets FINAL ORDER BY `index`").rows
+    assert rows == [[0, 0.0, [1, 2], [3], [-0.25], "3", "policy-v3", '{"k":1}'],
+                    [1, 0.5, [1, 2], [3], [-0.25], "3", "policy-v3", '{"k":1}']]
 
 
 def test_queries_are_read_only(ch: ClickHouse) -> None:
@@ -44,11 +159,17 @@ def test_queries_are_read_only(ch: ClickHouse) -> None:
         ch.query("DROP TABLE spans")
 
 
-def test_reward_is_materialised(ch: ClickHouse) -> None:
-    s = span(1).model_copy(update={"name": "agentlightning.annotation",
-                                   "attributes": {"agentlightning.reward.0.value": 0.75}})
-    ch.insert("spans", SPAN_COLUMNS, span_columns([s, span(2)]))
-    assert ch.query("SELECT sum(reward), count(reward) FROM spans").rows[0] == [0.75, 1]
+def test_migrations_apply_once(dsn: str) -> None:
+    c = ClickHouse(dsn, role="test")
+    try:
+        assert c.migrate() == MIGRATIONS
+        assert c.migrate() == []  # a restart applies nothing twice
+        assert c.query("SELECT name FROM litstream_migrations FINAL ORDER BY version").rows == [[m] for m in MIGRATIONS]
+    finally:
+        c.close()
+
+
+# --- chDB only: one process per directory --------------------------------------------------------------------
 
 
 def test_second_opener_is_told_who_owns_the_directory(tmp_path: Path) -> None:
@@ -62,7 +183,8 @@ def test_second_opener_is_told_who_owns_the_directory(tmp_path: Path) -> None:
             except ChdbLockedError as exc:
                 print(exc)
         """)
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+        out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
+                             timeout=120).stdout
         assert "span-sink" in out and "pid" in out and "one process per directory" in out
     finally:
         owner.close()
@@ -77,14 +199,10 @@ def test_query_without_an_owner_opens_directly(tmp_path: Path) -> None:
 
 
 def test_owner_without_api_gives_a_clear_error(tmp_path: Path) -> None:
-    from litstream.infra.clickhouse import write_owner
-
     path = tmp_path / "chdb"
-    # A live process (this test's parent, pytest's own pid is ours) cannot be used: simulate another live pid.
+    # pytest's own pid is ours, so stand in another live process as the owner.
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        import json
-
         path.mkdir()
         write_owner(path, "span-sink", None)
         data = json.loads((path / "litstream.owner.json").read_text())
@@ -94,13 +212,4 @@ def test_owner_without_api_gives_a_clear_error(tmp_path: Path) -> None:
             query(f"chdb://{path}", "SELECT 1")
     finally:
         proc.kill()
-
-
-def test_migrations_apply_once(tmp_path: Path) -> None:
-    c = ClickHouse(f"chdb://{tmp_path / 'chdb'}", role="test")
-    try:
-        assert c.migrate() == ["0001_spans"]
-        assert c.migrate() == []  # a restart applies nothing twice
-        assert c.query("SELECT version, name FROM litstream_migrations FINAL").rows == [[1, "0001_spans"]]
-    finally:
-        c.close()
+        proc.wait()

@@ -96,14 +96,19 @@ class ClickHouse:
             except ImportError:
                 raise RuntimeError("a chdb:// DSN needs chDB: pip install 'litstream[local]', or set "
                                    "LITSTREAM_CLICKHOUSE_DSN=http://user:password@host:8123/db") from None
+            # Claim before opening: a process that looks while this one opens sees a live owner and asks it,
+            # rather than racing for the directory's lock.
+            write_owner(self.path, role, None)
         try:
             self.client: Client = clickhouse_connect.get_client(dsn=dsn)
         except Exception as exc:
-            if self.path is not None and ("lock" in str(exc).lower() or "already initialized" in str(exc)):
+            if self.path is None:
+                raise
+            release_owner(self.path)
+            text = str(exc)
+            if "lock" in text.lower() or "already initialized" in text or "EmbeddedServer" in text:
                 raise ChdbLockedError(_locked_message(self.path, read_owner(self.path))) from None
             raise
-        if self.path is not None:
-            write_owner(self.path, role, None)
 
     def set_api(self, api_url: str) -> None:
         if self.path is not None:

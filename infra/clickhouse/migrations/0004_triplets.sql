@@ -6,7 +6,7 @@ CREATE TABLE IF NOT EXISTS triplets
     timestamp DateTime64(9) CODEC(Delta(8), ZSTD(1)),
     rollout_id String CODEC(ZSTD(1)),
     attempt_id String CODEC(ZSTD(1)),
-    index UInt32,
+    `index` UInt32,
     group_id String CODEC(ZSTD(1)),
     policy_version LowCardinality(String),                      -- '' when not a trained policy
     resources_id LowCardinality(String),
@@ -23,5 +23,5 @@ CREATE TABLE IF NOT EXISTS triplets
     ingested_ns UInt64 CODEC(Delta(8), ZSTD(1))
 )
 ENGINE = ReplacingMergeTree(ingested_ns)
-ORDER BY (rollout_id, attempt_id, index)
+ORDER BY (rollout_id, attempt_id, `index`)
 SETTINGS index_granularity = 8192
