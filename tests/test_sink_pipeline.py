@@ -101,7 +101,11 @@ def test_all_three_topics_land_and_garbage_becomes_dead_letters(settings: Settin
 
     for role in ("spans", "triplets"):
         dlq = sink.topics.dlq(role)
-        letters = wait_for(f"{role} dead letter", lambda dlq=dlq: list(read_to_end(settings, dlq)))
+
+        def dead_letters(dlq: str = dlq) -> list[Any]:
+            return list(read_to_end(settings, dlq))
+
+        letters = wait_for(f"{role} dead letter", dead_letters)
         assert len(letters) == 1 and letters[0].value() == b"not avro at all"
         h = headers_dict(letters[0])
         assert h["litstream.dlq.processor"] == b"span-sink" and h["litstream.dlq.error_type"] == b"decode"
