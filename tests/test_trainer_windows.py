@@ -13,10 +13,11 @@ def trip(group: str, member: int, reward: float | None = 1.0, version: int | Non
          **kw: Any) -> TripletEmitted:
     meta = EventMeta(event_id=f"e-{group}-{member}-{attempt}", rollout_id=f"ro-{group}-{member}", producer_id="p",
                      producer_seq=member + 1, timestamp_ns=1)
-    fields: dict[str, Any] = dict(attempt_id=attempt, group_id=group, index=0,
-                                  resources_id=None if version is None else f"policy-v{version}",
-                                  prompt_token_ids=[257, 97], response_token_ids=[97, 258],
-                                  response_logprobs=[-1.0, -2.0], reward=reward)
+    fields: dict[str, Any] = {
+        "attempt_id": attempt, "group_id": group, "index": 0,
+        "resources_id": None if version is None else f"policy-v{version}",
+        "prompt_token_ids": [257, 97], "response_token_ids": [97, 258], "response_logprobs": [-1.0, -2.0],
+        "reward": reward}
     fields.update(kw)
     return TripletEmitted(meta=meta, **fields)
 

@@ -1,0 +1,214 @@
+"""Inference engines: torch generation (determinism, log-probs, eos, new versions), the vLLM client against a
+stand-in server, choosing an engine from a resource; the real vLLM server only when it is installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import torch
+
+from litstream.schemas.events import NamedResourceRecord
+from litstream.schemas.models import LLM
+from litstream.trainer.checkpoint import save_checkpoint
+from litstream.trainer.engines import (
+    InferenceEngine,
+    TorchEngine,
+    VllmEngine,
+    engine_for_resource,
+    parse_choice,
+    start_vllm_server,
+)
+from litstream.trainer.grpo import pack, response_logprobs
+from litstream.trainer.learner import GrpoLearner, LearnerConfig
+from litstream.trainer.policy import build_policy
+from litstream.trainer.windows import Sample
+
+torch.set_num_threads(1)
+PROMPTS = [[257, 97, 120, 50, 61], [257, 98, 61], [257, 99, 120, 51, 61, 32, 32]]
+
+
+def test_generation_is_deterministic_under_a_seed() -> None:
+    p = build_policy("tiny", seed=0)
+    eng = TorchEngine(p.model, p.tokenizer)
+    assert isinstance(eng, InferenceEngine)
+    a = eng.generate(PROMPTS, max_new_tokens=8, seed=11)
+    b = eng.generate(PROMPTS, max_new_tokens=8, seed=11)
+    c = eng.generate(PROMPTS, max_new_tokens=8, seed=12)
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    assert [g.logprobs for g in a] == [g.logprobs for g in b]
+    assert [g.token_ids for g in a] != [g.token_ids for g in c]
+    for g, prompt in zip(a, PROMPTS):
+        assert g.prompt_token_ids == prompt and len(g.logprobs) == len(g.token_ids) <= 8
+        assert g.text == p.tokenizer.decode(g.token_ids)
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
+def test_logprobs_equal_a_forward_pass(temperature: float, top_p: float) -> None:
+    """Reported log-probs are the untempered ones the learner recomputes, with left padding at generation and
+    right padding at training."""
+    p = build_policy("tiny", seed=0)
+    gens = TorchEngine(p.model, p.tokenizer).generate(PROMPTS, 6, temperature=temperature, top_p=top_p, seed=3)
+    batch = pack([g.prompt_token_ids for g in gens], [g.token_ids for g in gens], p.tokenizer.pad_id)
+    with torch.no_grad():
+        logp, _ = response_logprobs(p.model, batch)
+    for b, g in enumerate(gens):
+        assert logp[b, : len(g.token_ids)].tolist() == pytest.approx(g.logprobs, abs=1e-4)
+
+
+def test_generation_stops_at_eos() -> None:
+    p = build_policy("tiny", seed=0)
+    eos = p.tokenizer.eos_id
+    # Teach the model to answer "a" then eos, a few supervised steps.
+    opt = torch.optim.AdamW(p.model.parameters(), lr=1e-2)
+    prompts = [[257, 97 + i % 3, 61] for i in range(12)]
+    batch = pack(prompts, [[97, eos]] * len(prompts), p.tokenizer.pad_id)
+    for _ in range(40):
+        logp, _ = response_logprobs(p.model, batch)
+        loss = -(logp.sum() / batch.response_mask.sum())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    gens = TorchEngine(p.model, p.tokenizer).generate(prompts[:3], 5, temperature=0.0)
+    for g in gens:
+        assert g.token_ids == [97, eos] and g.finish_reason == "stop" and g.text == "a"
+    long = TorchEngine(p.model, p.tokenizer).generate(prompts[:1], 1, temperature=0.0)
+    assert long[0].token_ids == [97] and long[0].finish_reason == "length"
+
+
+def test_apply_version_changes_outputs(tmp_path: Path) -> None:
+    p = build_policy("tiny", seed=0)
+    v0 = save_checkpoint(tmp_path, p.model, p.tokenizer, version=0)
+    eng = TorchEngine.from_checkpoint(v0)
+    before = eng.generate(PROMPTS, 6, seed=5)
+    learner = GrpoLearner(p.model, p.tokenizer, LearnerConfig(lr=5e-2))
+    group = [Sample(f"r{i}", "a", 0, "g", 0, tuple(g.prompt_token_ids), tuple(g.token_ids), tuple(g.logprobs),
+                    float(i)) for i, g in enumerate(before)]
+    learner.step([[*group]])
+    v1 = learner.save(tmp_path)
+    seconds = eng.apply_version(learner.version, v1)
+    assert eng.version == 1 and seconds >= 0
+    after = eng.generate(PROMPTS, 6, seed=5)
+    assert [g.logprobs for g in after] != [g.logprobs for g in before]
+    # the engine now serves exactly the learner's weights
+    fresh = TorchEngine(learner.model, p.tokenizer).generate(PROMPTS, 6, seed=5)
+    assert [g.token_ids for g in fresh] == [g.token_ids for g in after]
+
+
+def test_parse_choice_both_token_formats() -> None:
+    choice = {"index": 0, "text": "ab", "finish_reason": "stop",
+              "logprobs": {"tokens": ["token_id:97", "token_id:98", "token_id:258"],
+                           "token_logprobs": [-0.1, -0.2, -0.3]}}
+    g = parse_choice(choice, [257, 97])
+    assert g.token_ids == [97, 98, 258] and g.logprobs == [-0.1, -0.2, -0.3] and g.finish_reason == "stop"
+    g2 = parse_choice({**choice, "token_ids": [1, 2, 3], "finish_reason": "length"}, [257])
+    assert g2.token_ids == [1, 2, 3] and g2.finish_reason == "length"
+    with pytest.raises(RuntimeError, match="log-probs"):
+        parse_choice({"index": 0, "token_ids": [1, 2], "logprobs": None}, [257])
+
+
+class _StandIn(BaseHTTPRequestHandler):
+    calls: ClassVar[list[tuple[str, Any]]] = []
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+        type(self).calls.append((self.path, body))
+        out: Any = {}
+        if self.path == "/v1/completions":
+            out = {"choices": [
+                {"index": i, "text": "x", "finish_reason": "length",
+                 "logprobs": {"tokens": [f"token_id:{120 + i}"], "token_logprobs": [-1.5]}}
+                for i in range(len(body["prompt"]))]}
+        data = json.dumps(out).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def stand_in() -> Iterator[str]:
+    _StandIn.calls = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _StandIn)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+
+
+def test_vllm_engine_requests_and_hot_swap_sequence(stand_in: str, tmp_path: Path) -> None:
+    eng = VllmEngine(stand_in, "policy", api_key="k")
+    gens = eng.generate([[257, 97], [257, 98]], 4, temperature=0.8)
+    assert [g.token_ids for g in gens] == [[120], [121]] and gens[1].prompt_token_ids == [257, 98]
+    path, body = _StandIn.calls[0]
+    assert path == "/v1/completions" and body["prompt"] == [[257, 97], [257, 98]]
+    assert body["return_tokens_as_token_ids"] is True and body["logprobs"] >= 0 and body["max_tokens"] == 4
+    _StandIn.calls.clear()
+    eng.generate([[257, 97]] * 3, 4, seed=10)  # seeded: one request per prompt, distinct seeds
+    assert sorted(b["seed"] for _, b in _StandIn.calls) == [10, 11, 12]
+    _StandIn.calls.clear()
+    eng.apply_version(3, tmp_path)
+    assert [c[0] for c in _StandIn.calls] == ["/pause", "/collective_rpc", "/reset_prefix_cache",
+                                              "/update_weight_version", "/resume"]
+    assert _StandIn.calls[1][1] == {"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path.resolve())}}
+    assert _StandIn.calls[3][1] == {"new_version": "3"} and eng.version == 3
+
+
+def test_engine_for_resource(tmp_path: Path) -> None:
+    p = build_policy("tiny", seed=0)
+    save_checkpoint(tmp_path, p.model, p.tokenizer, version=4)
+    torch_eng = engine_for_resource(LLM(endpoint=f"torch://{tmp_path}", model="tiny"))
+    assert isinstance(torch_eng, TorchEngine) and torch_eng.version == 4
+    http = engine_for_resource(NamedResourceRecord(resource_type="llm", endpoint="http://h:8000/v1", model="m"))
+    assert isinstance(http, VllmEngine) and http.root == "http://h:8000" and http.model == "m"
+    explicit = engine_for_resource({"endpoint": "http://h:8000/v1", "model": "m", "engine": "vllm"})
+    assert isinstance(explicit, VllmEngine)
+    with pytest.raises(ValueError):
+        engine_for_resource({"endpoint": "ftp://x", "model": "m"})
+
+
+def _vllm_python() -> str | None:
+    """A Python with vLLM: LITSTREAM_VLLM_PYTHON, or this one if it imports vllm."""
+    explicit = os.environ.get("LITSTREAM_VLLM_PYTHON")
+    if explicit:
+        return explicit
+    return "python" if importlib.util.find_spec("vllm") is not None else None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_vllm_python() is None, reason="vLLM is not installed (set LITSTREAM_VLLM_PYTHON)")
+@pytest.mark.timeout(600)
+def test_real_vllm_matches_torch_and_hot_swaps(tmp_path: Path) -> None:
+    import sys
+
+    python = _vllm_python()
+    p = build_policy("tiny", seed=0)
+    v0 = save_checkpoint(tmp_path / "ck", p.model, p.tokenizer, version=0)
+    with start_vllm_server(v0, python=sys.executable if python == "python" else python,
+                           log_path=tmp_path / "vllm.log", max_model_len=256) as server:
+        eng = server.engine()
+        gens = eng.generate(PROMPTS, 6, seed=1)
+        batch = pack([g.prompt_token_ids for g in gens], [g.token_ids for g in gens], p.tokenizer.pad_id)
+        with torch.no_grad():
+            logp, _ = response_logprobs(p.model, batch)
+        for b, g in enumerate(gens):
+            assert logp[b, : len(g.token_ids)].tolist() == pytest.approx(g.logprobs, abs=1e-3)
+        learner = GrpoLearner(p.model, p.tokenizer, LearnerConfig(lr=5e-2))
+        learner.step([[Sample(f"r{i}", "a", 0, "g", 0, tuple(g.prompt_token_ids), tuple(g.token_ids),
+                              tuple(g.logprobs), float(i)) for i, g in enumerate(gens)]])
+        eng.apply_version(1, learner.save(tmp_path / "ck"))
+        after = eng.generate(PROMPTS, 6, seed=1)
+        batch = pack([g.prompt_token_ids for g in after], [g.token_ids for g in after], p.tokenizer.pad_id)
+        with torch.no_grad():
+            logp, _ = response_logprobs(learner.model, batch)
+        for b, g in enumerate(after):
+            assert logp[b, : len(g.token_ids)].tolist() == pytest.approx(g.logprobs, abs=1e-3)
