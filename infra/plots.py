@@ -1,0 +1,173 @@
+"""``litstream report --plot DIR``: the report's curves as PNG files and one self-contained HTML page.
+
+matplotlib with the Agg backend (no display needed); the HTML embeds the PNGs as data URIs, so the page can be
+mailed or attached as one file.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import html
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import numpy as np
+
+matplotlib.use("Agg")  # before pyplot: files only, never a window
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+from .report import Report, Section, cell, version_key
+
+
+def _t(bucket: str) -> dt.datetime:
+    return dt.datetime.strptime(bucket, "%Y-%m-%d %H:%M:%S")
+
+
+def _times(ts: list[dt.datetime]) -> np.ndarray:
+    return np.array(ts, dtype="datetime64[s]")
+
+
+def _label(resources_id: str) -> str:
+    return resources_id or "(none)"
+
+
+def reward_by_version(s: Section) -> Figure | None:
+    recs = s.records()
+    if not recs:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4))
+    xs = [_label(r["resources_id"]) for r in recs]
+    ax.plot(xs, [r["mean"] for r in recs], marker="o", label="mean")
+    ax.fill_between(xs, [r["min"] for r in recs], [r["max"] for r in recs], alpha=0.15, label="min–max")
+    for x, r in zip(xs, recs):
+        ax.annotate(f"n={r['rewards']}", (x, r["mean"]), textcoords="offset points", xytext=(0, 6),
+                    ha="center", fontsize=8)
+    ax.set(title=s.title, xlabel="resources version", ylabel="reward")
+    ax.legend()
+    return fig
+
+
+def reward_over_time(s: Section) -> Figure | None:
+    series: dict[str, list[tuple[dt.datetime, float]]] = defaultdict(list)
+    for r in s.records():
+        series[r["resources_id"]].append((_t(r["bucket"]), r["mean"]))
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(10, 4))
+    for rid in sorted(series, key=version_key):
+        pts = series[rid]
+        ax.plot(_times([p[0] for p in pts]), [p[1] for p in pts], marker=".", label=_label(rid))
+    ax.set(title=s.title, xlabel="time (UTC)", ylabel="mean reward")
+    ax.legend(fontsize=8, ncol=2)
+    fig.autofmt_xdate()
+    return fig
+
+
+def latency(s: Section, top: int = 15) -> Figure | None:
+    recs = s.records()[:top]
+    if not recs:
+        return None
+    labels = [f"{r['span']} · {r['model']}" if r["model"] else r["span"] for r in recs][::-1]
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(recs) + 1.5))
+    ys = range(len(recs))
+    ax.barh([y + 0.2 for y in ys], [r["p95_ms"] for r in recs][::-1], height=0.4, label="p95")
+    ax.barh([y - 0.2 for y in ys], [r["p50_ms"] for r in recs][::-1], height=0.4, label="p50")
+    ax.set_yticks(list(ys), labels, fontsize=8)
+    ax.set(title=s.title, xlabel="ms")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def tokens_over_time(s: Section) -> Figure | None:
+    recs = s.records()
+    if not recs:
+        return None
+    fig, ax = plt.subplots(figsize=(10, 4))
+    xs = _times([_t(r["bucket"]) for r in recs])
+    ax.stackplot(xs, [r["input_tokens"] for r in recs], [r["output_tokens"] for r in recs],
+                 labels=["input", "output"], alpha=0.8)
+    ax.set(title=s.title, xlabel="time (UTC)", ylabel="tokens per bucket")
+    ax.legend(loc="upper left")
+    fig.autofmt_xdate()
+    return fig
+
+
+def outcomes_over_time(s: Section) -> Figure | None:
+    by_bucket: dict[str, dict[str, int]] = defaultdict(dict)
+    for r in s.records():
+        by_bucket[r["bucket"]][r["outcome"]] = r["attempts"]
+    if not by_bucket:
+        return None
+    buckets = sorted(by_bucket)
+    fig, ax = plt.subplots(figsize=(10, 4))
+    bottom = [0] * len(buckets)
+    for outcome in ("succeeded", "failed", "timeout", "unresponsive"):
+        ys = [by_bucket[b].get(outcome, 0) for b in buckets]
+        if any(ys):
+            ax.bar(range(len(buckets)), ys, bottom=bottom, label=outcome)
+            bottom = [a + b for a, b in zip(bottom, ys)]
+    step = max(1, len(buckets) // 12)
+    ax.set_xticks(range(0, len(buckets), step), buckets[::step], rotation=30, ha="right", fontsize=8)
+    ax.set(title=s.title, xlabel="time (UTC)", ylabel="attempts ended")
+    ax.legend()
+    return fig
+
+
+PLOTS = {"reward_by_version": reward_by_version, "reward_over_time": reward_over_time, "latency": latency,
+         "tokens_over_time": tokens_over_time, "outcomes_over_time": outcomes_over_time}
+
+
+def write(report: Report, out_dir: Path) -> list[Path]:
+    """One PNG per plot that has data, plus ``report.html`` (every table, the PNGs inlined); returns the files."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    images: dict[str, Path] = {}
+    for name, make in PLOTS.items():
+        section = report.sections.get(name)
+        fig = make(section) if section is not None else None
+        if fig is None:
+            continue
+        path = out_dir / f"{name}.png"
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        images[name] = path
+        written.append(path)
+    page = out_dir / "report.html"
+    page.write_text(_html(report, images))
+    written.append(page)
+    return written
+
+
+def _html(report: Report, images: dict[str, Path]) -> str:
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>litstream report</title><style>",
+             ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;"
+             "margin:.5em 0 2em}td,th{border:1px solid #ccc;padding:2px 8px;font-size:13px}td.n{text-align:right}"
+             "img{max-width:100%}.note{color:#666;font-size:13px}</style></head><body><h1>litstream report</h1>")]
+    for name, s in report.sections.items():
+        parts.append(f"<h2>{html.escape(s.title)}</h2>")
+        if name in images:
+            data = base64.b64encode(images[name].read_bytes()).decode()
+            parts.append(f"<img alt='{html.escape(s.title)}' src='data:image/png;base64,{data}'>")
+        parts.append(_table(s))
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _table(s: Section) -> str:
+    if not s.rows:
+        return "<p class='note'>no data</p>"
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in s.columns)
+    body = "".join("<tr>" + "".join(_td(v) for v in r) + "</tr>" for r in s.rows)
+    note = f"<p class='note'>{html.escape(s.note)}</p>" if s.note else ""
+    return f"<table><tr>{head}</tr>{body}</table>{note}"
+
+
+def _td(value: Any) -> str:
+    cls = " class='n'" if isinstance(value, (int, float)) else ""
+    return f"<td{cls}>{html.escape(cell(value))}</td>"
