@@ -69,11 +69,13 @@ def lifecycle() -> list[Event]:
 
     for rid in ("r1", "r2", "r3", "r4"):
         ev.append(RolloutEnqueued(meta=F.meta(rid), input={}, start_time=now))
-    started("r1", "a1", 1), status("r1", "a1", "failed")
-    started("r1", "a2", 2), status("r1", "a2", "timeout")
-    started("r1", "a3", 3), status("r1", "a3", "succeeded")
-    started("r2", "b1", 1), status("r2", "b1", "succeeded")
-    started("r3", "c1", 1), started("r3", "c1-loser", 1), status("r3", "c1", "unresponsive")
+    for rid, aid, seq, outcome in (("r1", "a1", 1, "failed"), ("r1", "a2", 2, "timeout"),
+                                   ("r1", "a3", 3, "succeeded"), ("r2", "b1", 1, "succeeded")):
+        started(rid, aid, seq)
+        status(rid, aid, outcome)
+    started("r3", "c1", 1)
+    started("r3", "c1-loser", 1)
+    status("r3", "c1", "unresponsive")
     status("r3", "c1", "succeeded")  # late: the first outcome stands, as in the fold
     return ev
 
