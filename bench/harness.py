@@ -29,6 +29,7 @@ BENCHMARKS: dict[str, str] = {
     "timer_latency": "litstream.bench.timer_latency",
     "replay_rate": "litstream.bench.replay_rate",
     "span_ingest": "litstream.bench.span_ingest",
+    "report_queries": "litstream.bench.report_queries",
 }
 
 BENCH_DIR = Path(__file__).resolve().parent

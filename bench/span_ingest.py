@@ -180,7 +180,8 @@ def litstream_part(ctx: Context, sizes: Sizes, variants: list[dict[str, Any]]) -
         rate_row("litstream SDK exporter: durable on Kafka (incl. force_flush)", [sdk["flush_s"]], n_sdk,
                  note="until force_flush returned: every span produced, acks=all"),
         rate_row("litstream SDK exporter: visible in ClickHouse", [sdk["visible_s"]], n_sdk,
-                 note="until count() FROM spans FINAL reached N (span sink, polled every 50 ms)"),
+                 note="THE END-TO-END FIGURE: SDK produce -> Kafka -> span sink (Arrow insert) -> visible in SQL; "
+                      "until count() FROM spans FINAL reached N (polled every 50 ms)"),
         rate_row("litstream OTLP/HTTP exporter -> gateway /v1/traces: force_flush returned", [otlp["flush_s"]],
                  n_otlp, note=f"BatchSpanProcessor(max_export_batch_size={sizes.otlp_batch}), protobuf; span end "
                               f"{rate(n_otlp, otlp['end_s'])}; every 200 means written to Kafka"),

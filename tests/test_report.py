@@ -189,3 +189,14 @@ def test_cli_report_on_the_directory_and_through_the_sink(settings: Settings, tm
     csv = _cli(settings, "sql", "SELECT resources_id, count() FROM spans FINAL WHERE reward IS NOT NULL "
                                 "GROUP BY resources_id ORDER BY resources_id", "--format", "csv")
     assert csv.splitlines()[0] == "resources_id,count()" and "policy-v11,1" in csv
+
+
+def test_report_queries_benchmark_quick(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "litstream.bench", "--only", "report_queries", "--quick", "--no-agl",
+                           "--results-dir", str(tmp_path)], check=False, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(next(tmp_path.glob("report_queries-*.json")).read_text())
+    rows = {row["what"]: row for row in doc["rows"]}
+    assert rows["query report.build (all sections)"]["msgs_per_s"] > 0
+    assert rows["Arrow insert into chDB (spans, batches of 50k)"]["n"] == 100_000
+    assert "no SQL store" in rows["agentlightning 0.3.0: report queries"]["note"]
