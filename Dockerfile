@@ -10,6 +10,11 @@ ARG PYTHON_IMAGE=python:3.11-slim
 
 FROM ${PYTHON_IMAGE} AS build
 
+# Extras of the package to install: "train" brings torch and transformers (trainer, runners with the torch
+# engine). TORCH_INDEX picks torch's build: the CPU index by default; set it to a CUDA index for GPU hosts.
+ARG EXTRAS=train
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+
 # A compiler for dependencies without a wheel for the build platform (e.g.
 # faust-streaming has none for arm64). Unpinned: this stage is discarded, and
 # pins would break on every Debian point release.
@@ -28,12 +33,12 @@ WORKDIR /src
 # Dependencies first, read from pyproject.toml alone: this layer is rebuilt
 # only when the dependency list changes, not on every source edit.
 COPY pyproject.toml ./
-RUN python -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb')).get('project', {}).get('dependencies', []); open('/tmp/requirements.txt', 'w').write(''.join(d + '\n' for d in deps))" \
- && if [ -s /tmp/requirements.txt ]; then pip install --no-cache-dir -r /tmp/requirements.txt; fi
+RUN python -c "import tomllib, os; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; extras = [e for e in os.environ.get('EXTRAS', '').split(',') if e]; deps = p.get('dependencies', []) + [d for e in extras for d in p['optional-dependencies'][e]]; open('/tmp/requirements.txt', 'w').write(''.join(d + '\n' for d in deps))" \
+ && if [ -s /tmp/requirements.txt ]; then pip install --no-cache-dir --extra-index-url "$TORCH_INDEX" -r /tmp/requirements.txt; fi
 
 # Then the sources (filtered by .dockerignore) and the package itself.
 COPY . .
-RUN pip install --no-cache-dir . \
+RUN pip install --no-cache-dir --extra-index-url "$TORCH_INDEX" ".${EXTRAS:+[$EXTRAS]}" \
  && litstream --help > /dev/null
 
 

@@ -1,0 +1,234 @@
+"""The trainer as a pipeline process: triplets topic -> windows -> GRPO step -> checkpoint -> resources-published.
+
+Each step writes one checkpoint that holds, with the weights and the optimizer, the consumer's positions on the
+triplets topic and the window buffer (groups still waiting for members). A restarted trainer resumes from the
+newest checkpoint and seeks to those positions: no triplet trains twice or is lost, whatever the moment of the
+crash. Committed group offsets only show progress (lag) to operators.
+
+Each new version is published as ``policy-vN`` (schemas/policy.py): an LLM resource with the version, the
+checkpoint and the endpoint — ``torch://<checkpoint>`` (runners load the weights themselves) or the URL of a
+vLLM server whose weights the trainer swapped before publishing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from confluent_kafka import Consumer, TopicPartition
+
+from litstream.infra import health
+from litstream.infra.kafka import consumer, poll_batch
+from litstream.infra.settings import Settings
+from litstream.schemas.codec import DecodeError
+from litstream.schemas.events import NamedResourceRecord, ResourcesPublished, TripletEmitted
+from litstream.schemas.policy import POLICY_RESOURCE, policy_resources_id
+from litstream.streams.deadletter import DeadLetter
+from litstream.workers.producer import EventProducer
+
+from . import toy_task
+from .checkpoint import checkpoint_extra, latest_checkpoint
+from .engines import VllmEngine
+from .learner import GrpoLearner, LearnerConfig, StepStats
+from .policy import PolicyKind, build_policy
+from .windows import Window, WindowConfig, Windower
+
+log = logging.getLogger("litstream.trainer")
+ROLE = "trainer"
+METRICS_FILE = "trainer-metrics.jsonl"
+
+
+@dataclass
+class TrainerConfig:
+    policy: PolicyKind = "tiny"
+    checkpoint_dir: Path | None = None  # default: <data_dir>/checkpoints
+    group_size: int = 4
+    groups_per_step: int = 8
+    max_seconds: float | None = None  # also close a window after this long (time window)
+    max_staleness: int | None = 2
+    keep_last: int = 3
+    max_steps: int | None = None
+    seed: int = 0
+    vllm_url: str | None = None  # a vLLM server to hot-swap; None: runners run the torch engine themselves
+    sampling: dict[str, Any] = field(default_factory=lambda: {"temperature": 1.0,
+                                                              "max_tokens": toy_task.MAX_NEW_TOKENS})
+    learner: LearnerConfig = field(default_factory=lambda: LearnerConfig(lr=5e-3))
+
+    def window(self) -> WindowConfig:
+        return WindowConfig(group_size=self.group_size, max_samples=self.groups_per_step * self.group_size,
+                            max_seconds=self.max_seconds, max_staleness=self.max_staleness)
+
+
+class TrainerService:
+    def __init__(self, settings: Settings, cfg: TrainerConfig | None = None) -> None:
+        self.settings = settings
+        self.cfg = cfg or TrainerConfig()
+        self.root = self.cfg.checkpoint_dir or settings.data_dir / "checkpoints"
+        self.events = EventProducer(settings, role=ROLE)
+        self.topics = self.events.topics
+        self.stop_event = threading.Event()
+        self.metrics_path = settings.data_dir / METRICS_FILE
+        self.counters = {"steps": 0, "triplets": 0, "dead_letters": 0, "version": 0, "waiting_s": 0.0,
+                         "training_s": 0.0}
+        self.positions: dict[int, int] = {}  # partition -> next offset to read
+        self.vllm = VllmEngine(self.cfg.vllm_url, f"{self.cfg.policy}-policy") if self.cfg.vllm_url else None
+        torch.manual_seed(self.cfg.seed)
+        latest = latest_checkpoint(self.root)
+        if latest is not None:
+            self.learner = GrpoLearner.resume(latest, self.cfg.learner)
+            extra = checkpoint_extra(latest)
+            self.positions = {int(p): int(o) for p, o in extra.get("positions", {}).items()}
+            snap = extra.get("window")
+            self.windower = (Windower.restore(self.cfg.window(), snap) if snap
+                             else Windower(self.cfg.window(), self.learner.version))
+            self.path = latest
+            log.info("resumed policy v%d from %s at positions %s", self.learner.version, latest, self.positions)
+        else:
+            policy = build_policy(self.cfg.policy, seed=self.cfg.seed)
+            self.learner = GrpoLearner(policy.model, policy.tokenizer, self.cfg.learner)
+            self.windower = Windower(self.cfg.window(), self.learner.version)
+            self.path = self._save()
+            log.info("initial policy v0 (%s) at %s", self.cfg.policy, self.path)
+        self.counters["version"] = self.learner.version
+        self._last_step_end = time.monotonic()
+
+    # --- publishing ---------------------------------------------------------------------------------------
+
+    def _save(self) -> Path:
+        extra = {"positions": {str(p): o for p, o in self.positions.items()}, "window": self.windower.snapshot()}
+        return self.learner.save(self.root, keep_last=self.cfg.keep_last, extra=extra)
+
+    def resource(self) -> NamedResourceRecord:
+        version, path = self.learner.version, self.path.resolve()
+        return NamedResourceRecord(
+            resource_type="llm", endpoint=self.cfg.vllm_url or f"torch://{path}", model=f"{self.cfg.policy}-policy",
+            engine="vllm" if self.cfg.vllm_url else "torch", version=version, checkpoint=str(path),
+            sampling_parameters=dict(self.cfg.sampling))
+
+    def publish(self) -> float:
+        """Swap the server's weights (vLLM) and publish the current version; returns the engine reload time."""
+        reload_s = self._swap_server_weights() if self.vllm else 0.0
+        now = time.time()
+        ev = ResourcesPublished(**self.events.factory.stamp(), resources_id=policy_resources_id(self.learner.version),
+                                version=1, create_time=now, update_time=now,
+                                resources={POLICY_RESOURCE: self.resource()})
+        self.events.send(self.topics.resources, ev)
+        self.events.flush()
+        return reload_s
+
+    def _swap_server_weights(self) -> float:
+        assert self.vllm is not None
+        while True:  # the server may still be starting (it loads v0 from the volume this process wrote)
+            try:
+                return self.vllm.apply_version(self.learner.version, self.path)
+            except OSError as exc:
+                if self.stop_event.wait(5.0):
+                    raise
+                log.warning("vLLM server at %s not reachable (%s); retrying", self.cfg.vllm_url, exc)
+
+    # --- consuming ----------------------------------------------------------------------------------------
+
+    def _on_assign(self, c: Consumer, partitions: list[TopicPartition]) -> None:
+        # The checkpoint, not the group's committed offsets, says where training stopped.
+        for tp in partitions:
+            if tp.partition in self.positions:
+                tp.offset = self.positions[tp.partition]
+        c.assign(partitions)
+
+    def run(self) -> None:
+        self.publish()
+        c = consumer(self.settings, group_id=f"{self.settings.topic_prefix}-trainer")
+        c.subscribe([self.topics.triplets], on_assign=self._on_assign)
+        last_beat = 0.0
+        try:
+            while not self.stop_event.is_set():
+                if self.cfg.max_steps is not None and self.counters["steps"] >= self.cfg.max_steps:
+                    break
+                for m in poll_batch(c, 0.2, 512):
+                    if m.error() is not None:
+                        continue
+                    partition, offset = int(m.partition() or 0), int(m.offset() or 0)
+                    self.positions[partition] = offset + 1
+                    try:
+                        t = self.events.codec.decode_as(m.value(), TripletEmitted)
+                    except DecodeError as exc:
+                        self._dead_letter(m.topic(), partition, offset, m.key(), m.value(), exc.reason)
+                        continue
+                    self.counters["triplets"] += 1
+                    window = self.windower.add(t, time.monotonic())
+                    if window is not None:
+                        self.train(window, c)
+                window = self.windower.poll(time.monotonic())
+                if window is not None:
+                    self.train(window, c)
+                if time.monotonic() - last_beat > 1.0:
+                    health.beat(self.settings.data_dir, ROLE, **self.counters, **self.windower.stats.as_dict())
+                    last_beat = time.monotonic()
+        finally:
+            health.beat(self.settings.data_dir, ROLE, **self.counters, **self.windower.stats.as_dict())
+            c.close()
+            self.events.flush()
+
+    def train(self, window: Window, c: Consumer | None = None) -> StepStats | None:
+        if not window.groups:
+            return None
+        waited = time.monotonic() - self._last_step_end
+        by_version: dict[str, list[float]] = {}
+        for s in window.samples:
+            by_version.setdefault(str(s.policy_version), []).append(s.reward)
+        stats = self.learner.step(window.groups)
+        t0 = time.perf_counter()
+        self.path = self._save()
+        save_s = time.perf_counter() - t0
+        self.windower.set_version(self.learner.version)
+        reload_s = self.publish()
+        if c is not None:  # progress for operators; the checkpoint holds the positions that count
+            c.commit(offsets=[TopicPartition(self.topics.triplets, p, o) for p, o in self.positions.items()],
+                     asynchronous=True)
+        self.counters["steps"] += 1
+        self.counters["version"] = self.learner.version
+        self.counters["waiting_s"] += waited
+        self.counters["training_s"] += stats.seconds
+        record = {"time": time.time(), "window": window.reason, "wait_s": waited, "save_s": save_s,
+                  "reload_s": reload_s, "reward_by_generating_version": {v: sum(r) / len(r)
+                                                                         for v, r in by_version.items()},
+                  **asdict(stats)}
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        log.info("v%d: %d samples in %d groups, reward %.3f, loss %+.4f, step %.2fs, waited %.2fs",
+                 stats.version, stats.samples, stats.groups, stats.reward_mean, stats.loss, stats.seconds, waited)
+        self._last_step_end = time.monotonic()
+        return stats
+
+    def _dead_letter(self, topic: Any, partition: int, offset: int, key: Any, value: Any, reason: str) -> None:
+        letter = DeadLetter(str(topic), partition, offset, key, value, reason, ROLE, "decode")
+        log.warning("dead letter %s[%d]@%d: %s", letter.source_topic, partition, offset, reason)
+        self.events.produce_raw(letter.topic, key, value, headers=letter.headers())
+        self.counters["dead_letters"] += 1
+
+
+def read_metrics(data_dir: Path) -> list[dict[str, Any]]:
+    path = data_dir / METRICS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run(settings: Settings, cfg: TrainerConfig | None = None) -> None:
+    """Run the trainer in the foreground until SIGINT/SIGTERM (or ``max_steps``)."""
+    torch.set_num_threads(1)
+    service = TrainerService(settings, cfg)
+
+    def stop(*_: Any) -> None:
+        service.stop_event.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    service.run()
