@@ -35,6 +35,9 @@ def producer(settings: Settings, **overrides: Any) -> Producer:
         "enable.idempotence": True,
         "acks": "all",
         "linger.ms": 5,
+        # The Java client's key hash, which Faust (aiokafka) uses too: without it librdkafka's CRC32 default puts
+        # a rollout's spans and events on other partition numbers than the snapshots the lifecycle writes.
+        "partitioner": "murmur2_random",
         "log.connection.close": False,  # idle disconnects are routine, not news
         **security_config(settings),
         **overrides,

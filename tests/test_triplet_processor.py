@@ -1,0 +1,240 @@
+"""The triplet processor on the real broker, with the lifecycle processor writing rollout state: rollouts are
+enqueued, claimed and finished with the SDK's events; the processor runs in a thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from litstream.infra import health
+from litstream.infra.kafka import headers_dict, read_to_end
+from litstream.infra.settings import Settings
+from litstream.infra.stack import Stack
+from litstream.schemas.codec import default_codec
+from litstream.schemas.events import AttemptStarted, AvroModel, TripletEmitted
+from litstream.streams.triplet_buffer import Limits
+from litstream.streams.triplet_processor import TripletProcessor, group_id_of, triplet_event_id
+from litstream.workers.client import enqueue_rollout
+from litstream.workers.producer import EventProducer
+from litstream.workers.sdk import AttemptContext
+
+LLM_ATTRS: dict[str, Any] = {"gen_ai.operation.name": "chat", "gen_ai.request.model": "toy",
+                             "prompt_token_ids": [11, 12, 13], "response_token_ids": [21, 22],
+                             "response_logprobs": [-0.5, -0.25], "gen_ai.prompt.0.role": "user",
+                             "gen_ai.prompt.0.content": "2+2?", "gen_ai.completion.0.role": "assistant",
+                             "gen_ai.completion.0.content": "4"}
+
+
+@pytest.fixture
+def lifecycle(settings: Settings) -> Iterator[Settings]:
+    with Stack(settings) as s:
+        s.start("lifecycle", "process", "lifecycle")
+        s.wait_ready("lifecycle", "lifecycle")
+        yield settings
+
+
+class Running:
+    """A processor in a thread of the test."""
+
+    def __init__(self, settings: Settings, settle_ms: int = 300) -> None:
+        self.processor = TripletProcessor(settings, limits=Limits(settle_ms=settle_ms), poll_s=0.05)
+        self.thread = threading.Thread(target=self.processor.run, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.processor.stop_event.set()
+        self.thread.join(60)
+        assert not self.thread.is_alive()
+
+
+def until(what: str, check: Callable[[], bool], timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not reached in {timeout:.0f}s: {what}")
+        time.sleep(0.1)
+
+
+def triplets(settings: Settings) -> list[tuple[bytes, TripletEmitted]]:
+    codec = default_codec()
+    return [(m.key() or b"", codec.decode_as(m.value(), TripletEmitted))
+            for m in read_to_end(settings, f"{settings.topic_prefix}.triplets")]
+
+
+def letters(settings: Settings) -> list[dict[str, bytes]]:
+    return [headers_dict(m) for m in read_to_end(settings, f"{settings.topic_prefix}.triplets.dlq")]
+
+
+def start(events: EventProducer, task: Any, metadata: dict[str, Any] | None = None,
+          resources_id: str = "policy-v3") -> AttemptContext:
+    """Enqueue a rollout and claim it: the context records the attempt's spans."""
+    rid = enqueue_rollout(events, task, metadata=metadata, resources_id=resources_id).rollout_id
+    aid = f"at-{uuid.uuid4().hex[:8]}"
+    events.send(events.topics.rollout_events, AttemptStarted(meta=events.factory.meta(rid), attempt_id=aid,
+                                                             sequence_id=1, start_time=time.time(), worker_id="w"))
+    return AttemptContext(events, rid, aid, resources_id=resources_id)
+
+
+def act(ctx: AttemptContext, reward: float | None = 1.0, llm: bool = True) -> None:
+    with ctx.span("agent.rollout"):
+        if llm:
+            with ctx.span("chat toy", LLM_ATTRS):
+                pass
+        with ctx.span("verify"):
+            pass
+        if reward is not None:
+            ctx.emit_reward(reward)
+
+
+def test_finished_attempts_become_triplets_keyed_by_group(lifecycle: Settings) -> None:
+    events = EventProducer(lifecycle, role="test")
+    running = Running(lifecycle)
+    try:
+        same_task = {"a": 2, "b": 2, "op": "+"}
+        ctxs = [start(events, same_task), start(events, same_task),
+                start(events, {"a": 1}, metadata={"group_id": "g-explicit"}, resources_id="rs-custom")]
+        for ctx, reward in zip(ctxs, (1.0, 0.0, 0.5)):
+            act(ctx, reward)
+            ctx.finish("succeeded")
+        events.flush()
+        until("three triplets", lambda: len(triplets(lifecycle)) >= 3)
+        got = {t.meta.rollout_id: (key, t) for key, t in triplets(lifecycle)}
+        assert len(got) == 3 and len(triplets(lifecycle)) == 3
+        task_group = got[ctxs[0].rollout_id][1].group_id
+        assert task_group.startswith("task-") and got[ctxs[1].rollout_id][1].group_id == task_group
+        for ctx, reward in zip(ctxs, (1.0, 0.0, 0.5)):
+            key, t = got[ctx.rollout_id]
+            assert key == t.group_id.encode()
+            assert t.meta.event_id == triplet_event_id(ctx.rollout_id, ctx.attempt_id, 0)
+            assert (t.attempt_id, t.index, t.reward) == (ctx.attempt_id, 0, reward)
+            assert (t.prompt_token_ids, t.response_token_ids, t.response_logprobs) == ([11, 12, 13], [21, 22],
+                                                                                       [-0.5, -0.25])
+            assert (t.prompt_text, t.response_text) == ("2+2?", "4")
+            assert t.metadata["attempt_status"] == "succeeded" and t.metadata["request"] == {"model": "toy"}
+        assert got[ctxs[0].rollout_id][1].policy_version == "3"
+        assert got[ctxs[0].rollout_id][1].resources_id == "policy-v3"
+        explicit = got[ctxs[2].rollout_id][1]
+        assert (explicit.group_id, explicit.policy_version, explicit.resources_id) == ("g-explicit", None, "rs-custom")
+        assert letters(lifecycle) == []
+    finally:
+        running.stop()
+
+
+def test_attempt_without_usable_triplet_is_a_dead_letter_and_a_metric(lifecycle: Settings) -> None:
+    events = EventProducer(lifecycle, role="test")
+    running = Running(lifecycle)
+    try:
+        no_llm = start(events, {"x": 1})
+        act(no_llm, reward=1.0, llm=False)
+        no_llm.finish("succeeded")
+        no_reward = start(events, {"x": 2})
+        act(no_reward, reward=None)
+        no_reward.finish("failed", error="boom")
+        silent = start(events, {"x": 3})  # ends without a single span
+        silent.finish("failed")
+        events.flush()
+        until("three dead letters", lambda: len(letters(lifecycle)) >= 3)
+        by_attempt = {h["litstream.attempt_id"].decode(): h for h in letters(lifecycle)}
+        reasons = {aid: h["litstream.dlq.reason"].decode() for aid, h in by_attempt.items()}
+        assert reasons[no_llm.attempt_id].startswith("no usable triplet: no LLM call among 3 spans")
+        assert reasons[no_reward.attempt_id].startswith("no usable triplet: no reward:")
+        assert reasons[silent.attempt_id] == "no usable triplet: no spans"
+        assert by_attempt[no_llm.attempt_id]["litstream.rollout_id"].decode() == no_llm.rollout_id
+        assert {h["litstream.dlq.processor"] for h in by_attempt.values()} == {b"triplets"}
+        assert triplets(lifecycle) == []
+
+        def beat_counts() -> bool:
+            info = health.read(lifecycle.data_dir, "triplets")
+            return info is not None and info.get("no_triplet") == 3
+        until("the health beat counts them", beat_counts)
+        info = health.read(lifecycle.data_dir, "triplets")
+        assert info is not None and info["no_triplet_by_reason"] == {"no_LLM_call": 1, "no_reward": 1, "no_spans": 1}
+    finally:
+        running.stop()
+
+
+class SendsSpansTwice(EventProducer):
+    def send(self, topic: str, record: AvroModel) -> None:
+        super().send(topic, record)
+        if topic == self.topics.spans:
+            super().send(topic, record)
+
+
+def test_duplicate_span_delivery_gives_no_duplicate_triplet(lifecycle: Settings) -> None:
+    events = SendsSpansTwice(lifecycle, role="test")
+    running = Running(lifecycle)
+    try:
+        ctx = start(events, {"dup": True})
+        act(ctx)
+        ctx.finish("succeeded")
+        events.flush()
+        until("one triplet", lambda: len(triplets(lifecycle)) >= 1)
+        until("every span read", lambda: running.processor.collector.counts["spans"] >= 8)
+    finally:
+        running.stop()
+    assert [t.meta.event_id for _, t in triplets(lifecycle)] == [triplet_event_id(ctx.rollout_id, ctx.attempt_id, 0)]
+    assert running.processor.collector.counts["duplicates"] == 4
+    assert letters(lifecycle) == []
+
+
+def test_a_restarted_processor_loses_nothing_and_repeats_nothing(lifecycle: Settings) -> None:
+    events = EventProducer(lifecycle, role="test")
+    first = Running(lifecycle)
+    try:
+        open_attempt = start(events, {"step": "open"})
+        act(open_attempt)  # spans buffered, the attempt still running when the processor stops
+        done = start(events, {"step": "done"})
+        act(done)
+        done.finish("succeeded")
+        events.flush()
+        until("the finished attempt's triplet", lambda: len(triplets(lifecycle)) == 1)
+
+        def open_buffered() -> bool:
+            pending = first.processor.collector.pending.get((open_attempt.rollout_id, open_attempt.attempt_id))
+            return pending is not None and len(pending.spans) == 4
+        until("the open attempt buffered", open_buffered)
+    finally:
+        first.stop()
+    open_attempt.finish("succeeded")
+    ending = start(events, {"step": "ending"})
+    act(ending, reward=0.5)
+    ending.finish("succeeded")
+    events.flush()
+    # Stopped after it saw `ending` end, before it could finalize it (its settle time never passes).
+    second = Running(lifecycle, settle_ms=3_600_000)
+    try:
+        def ended_seen() -> bool:
+            pending = second.processor.collector.pending.get((ending.rollout_id, ending.attempt_id))
+            return pending is not None and pending.state_offset is not None
+        until("the second processor sees `ending` end", ended_seen)
+    finally:
+        second.stop()
+    third = Running(lifecycle)
+    try:
+        until("three triplets", lambda: len(triplets(lifecycle)) >= 3)
+        until("caught up", lambda: not third.processor.collector.pending)
+    finally:
+        third.stop()
+    ids = [t.meta.event_id for _, t in triplets(lifecycle)]
+    expected = {triplet_event_id(c.rollout_id, c.attempt_id, 0) for c in (open_attempt, done, ending)}
+    assert set(ids) == expected
+    rewards = {t.meta.rollout_id: t.reward for _, t in triplets(lifecycle)}
+    assert rewards[ending.rollout_id] == 0.5
+    assert letters(lifecycle) == []
+
+
+def test_group_id_falls_back_to_a_stable_hash_of_the_input() -> None:
+    from litstream.schemas.events import RolloutSnapshot
+
+    def snap(task: Any, **metadata: Any) -> RolloutSnapshot:
+        return RolloutSnapshot(rollout_id="ro-1", version=1, input=task, start_time=0.0, status="succeeded",
+                               metadata=metadata, updated_ns=0)
+
+    assert group_id_of(snap({"a": 1, "b": 2}), "ro-1") == group_id_of(snap({"b": 2, "a": 1}), "ro-2")
+    assert group_id_of(snap({"a": 1}), "ro-1") != group_id_of(snap({"a": 2}), "ro-1")
+    assert group_id_of(snap({"a": 1}, group_id="g"), "ro-1") == "g"
