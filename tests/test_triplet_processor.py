@@ -137,9 +137,12 @@ def test_attempt_without_usable_triplet_is_a_dead_letter_and_a_metric(lifecycle:
         no_reward.finish("failed", error="boom")
         silent = start(events, {"x": 3})  # ends without a single span
         silent.finish("failed")
+        events.produce_raw(events.topics.spans, b"ro-garbage", b"not avro")
         events.flush()
-        until("three dead letters", lambda: len(letters(lifecycle)) >= 3)
-        by_attempt = {h["litstream.attempt_id"].decode(): h for h in letters(lifecycle)}
+        until("four dead letters", lambda: len(letters(lifecycle)) >= 4)
+        [garbage] = [h for h in letters(lifecycle) if h["litstream.dlq.error_type"] == b"decode"]
+        assert garbage["litstream.dlq.reason"].startswith(b"not a litstream Avro message")
+        by_attempt = {h["litstream.attempt_id"].decode(): h for h in letters(lifecycle) if "litstream.attempt_id" in h}
         reasons = {aid: h["litstream.dlq.reason"].decode() for aid, h in by_attempt.items()}
         assert reasons[no_llm.attempt_id].startswith("no usable triplet: no LLM call among 3 spans")
         assert reasons[no_reward.attempt_id].startswith("no usable triplet: no reward:")
