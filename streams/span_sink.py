@@ -40,7 +40,7 @@ class SpanSink:
         self.settings = settings
         self.topics = Topics(settings.topic_prefix)
         self.codec = codec or default_codec(settings.schema_registry_url)
-        self.ch = ch or ClickHouse(settings.resolved_clickhouse_dsn, role=ROLE)
+        self.ch = ch or ClickHouse(settings.resolved_clickhouse_dsn, role=ROLE, serves_api=True)
         self.ch.migrate()
         self.batch_size = batch_size
         self.max_wait_s = max_wait_s

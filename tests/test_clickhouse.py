@@ -18,6 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
+from litstream.infra import clickhouse
 from litstream.infra.clickhouse import ChdbLockedError, ClickHouse, query, write_owner
 from litstream.schemas.events import Event, TripletEmitted
 from litstream.streams.event_rows import LIFECYCLE_TYPES, Positioned, event_arrow, triplet_arrow
@@ -198,13 +199,14 @@ def test_query_without_an_owner_opens_directly(tmp_path: Path) -> None:
     assert query(dsn, "SELECT count() FROM spans").rows == [[0]]
 
 
-def test_owner_without_api_gives_a_clear_error(tmp_path: Path) -> None:
+def test_owner_without_api_gives_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(clickhouse, "OWNER_API_WAIT_S", 0.5)  # a starting owner that never serves: give up soon
     path = tmp_path / "chdb"
     # pytest's own pid is ours, so stand in another live process as the owner.
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         path.mkdir()
-        write_owner(path, "span-sink", None)
+        write_owner(path, "span-sink", None, serves_api=True)
         data = json.loads((path / "litstream.owner.json").read_text())
         data["pid"] = proc.pid
         (path / "litstream.owner.json").write_text(json.dumps(data))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -58,10 +59,11 @@ def read_owner(path: Path) -> dict[str, Any] | None:
     return owner if pid_alive(int(owner.get("pid", 0))) else None
 
 
-def write_owner(path: Path, role: str, api_url: str | None) -> None:
+def write_owner(path: Path, role: str, api_url: str | None, serves_api: bool = False) -> None:
     path.mkdir(parents=True, exist_ok=True)
     tmp = path / f".{OWNER_FILE}.{os.getpid()}"
-    tmp.write_text(json.dumps({"pid": os.getpid(), "role": role, "api_url": api_url}))
+    tmp.write_text(json.dumps({"pid": os.getpid(), "role": role, "api_url": api_url,
+                               "serves_api": serves_api or api_url is not None}))
     tmp.replace(path / OWNER_FILE)
 
 
@@ -81,9 +83,11 @@ class ClickHouse:
     """An open connection plus the lock that serialises its use across threads (the chDB client is not
     thread-safe)."""
 
-    def __init__(self, dsn: str, role: str) -> None:
+    def __init__(self, dsn: str, role: str, serves_api: bool = False) -> None:
+        """``serves_api``: this process will serve queries (:meth:`set_api`), so others wait for it to start."""
         self.dsn = dsn
         self.role = role
+        self.serves_api = serves_api
         self.path = chdb_dir(dsn)
         self.lock = threading.RLock()
         if self.path is not None:
@@ -98,7 +102,7 @@ class ClickHouse:
                                    "LITSTREAM_CLICKHOUSE_DSN=http://user:password@host:8123/db") from None
             # Claim before opening: a process that looks while this one opens sees a live owner and asks it,
             # rather than racing for the directory's lock.
-            write_owner(self.path, role, None)
+            write_owner(self.path, role, None, serves_api)
         try:
             self.client: Client = clickhouse_connect.get_client(dsn=dsn)
         except Exception as exc:
@@ -167,12 +171,9 @@ class QueryError(RuntimeError):
 
 def query(dsn: str, sql: str, timeout: float = 60.0) -> QueryResult:
     """Run a read-only query from any process: through the chDB owner's API when one runs, else directly."""
-    path = chdb_dir(dsn)
-    owner = read_owner(path) if path is not None else None
-    if owner is not None and owner.get("pid") != os.getpid():
-        if not owner.get("api_url"):
-            raise ChdbLockedError(_locked_message(path, owner))  # type: ignore[arg-type]
-        return query_api(owner["api_url"], sql, timeout)
+    api = owner_api(dsn)
+    if api is not None:
+        return query_api(api, sql, timeout)
     ch = ClickHouse(dsn, role="query")
     try:
         return ch.query(sql)
@@ -184,13 +185,9 @@ def query(dsn: str, sql: str, timeout: float = 60.0) -> QueryResult:
 def reader(dsn: str) -> Iterator[Callable[[str], QueryResult]]:
     """A query function for several queries in a row: through the owner's API when one runs, else on one
     connection opened for the whole block (opening chDB costs more than a small query)."""
-    path = chdb_dir(dsn)
-    owner = read_owner(path) if path is not None else None
-    if owner is not None and owner.get("pid") != os.getpid():
-        if not owner.get("api_url"):
-            raise ChdbLockedError(_locked_message(path, owner))  # type: ignore[arg-type]
-        url = owner["api_url"]
-        yield lambda sql: query_api(url, sql)
+    api = owner_api(dsn)
+    if api is not None:
+        yield lambda sql: query_api(api, sql)
         return
     ch = ClickHouse(dsn, role="query")
     try:
@@ -199,15 +196,25 @@ def reader(dsn: str) -> Iterator[Callable[[str], QueryResult]]:
         ch.close()
 
 
-def owner_api(dsn: str) -> str | None:
-    """The API of the live process that owns a chDB directory (not this one), or None."""
+OWNER_API_WAIT_S = 15.0  # how long a starting owner (directory claimed, API not up yet) is waited for
+
+
+def owner_api(dsn: str, wait_s: float | None = None) -> str | None:
+    """The API of the live process that owns a chDB directory (not this one), or None when there is none (or
+    the DSN is a server). An owner still starting is waited for; one that never serves is a ChdbLockedError."""
     path = chdb_dir(dsn)
-    owner = read_owner(path) if path is not None else None
-    if owner is None or owner.get("pid") == os.getpid():
+    if path is None:
         return None
-    if not owner.get("api_url"):
-        raise ChdbLockedError(_locked_message(path, owner))  # type: ignore[arg-type]
-    return str(owner["api_url"])
+    deadline = time.monotonic() + (OWNER_API_WAIT_S if wait_s is None else wait_s)
+    while True:
+        owner = read_owner(path)
+        if owner is None or owner.get("pid") == os.getpid():
+            return None
+        if owner.get("api_url"):
+            return str(owner["api_url"])
+        if not owner.get("serves_api") or time.monotonic() >= deadline:
+            raise ChdbLockedError(_locked_message(path, owner))
+        time.sleep(0.1)
 
 
 def call_api(api_url: str, route: str, body: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
