@@ -21,6 +21,7 @@ prompt / response messages  flattened ``gen_ai.prompt.N.*`` / ``gen_ai.completio
                             ``gen_ai.output.messages`` JSON
 response id (de-dupe)       ``gen_ai.response.id``, ``agentlightning.operation.output.id``
 reward                      ``agentlightning.annotation`` span with ``agentlightning.reward.0.value``
+policy version (litstream)  ``litstream.policy.version`` (int), else the span's resources id ``policy-vN``
 ==========================  ==================================================================================
 
 An :class:`AdaptResult` says which triplets can train (both token id lists present, and at least one reward
@@ -41,6 +42,7 @@ from . import span_attrs as sa
 from .trace_tree import RESPONSE_ID_KEYS, RewardMatchPolicy, TraceSpan, TraceTree
 
 DEFAULT_LLM_CALL_MATCH = r"openai\.chat\.completion"
+POLICY_VERSION_ATTR = "litstream.policy.version"
 PROMPT_TOKEN_KEYS = ("prompt_token_ids", "agentlightning.operation.output.prompt_token_ids")
 RESPONSE_TOKEN_KEYS = (
     "response_token_ids",
@@ -159,6 +161,9 @@ def span_to_triplet(span: TraceSpan, agent_name: str) -> Triplet:
     usage = sa.under(a, "gen_ai.usage")
     if usage:
         metadata["usage"] = usage
+    version = a.get(POLICY_VERSION_ATTR)  # the version that generated it, when the agent knows (policy_agent.py)
+    if isinstance(version, int) and not isinstance(version, bool) and version >= 0:
+        metadata["policy_version"] = version
     return Triplet(
         prompt_token_ids=sa.first_int_list(a, PROMPT_TOKEN_KEYS) or [],
         response_token_ids=sa.first_int_list(a, RESPONSE_TOKEN_KEYS) or [],

@@ -203,7 +203,8 @@ class TripletProcessor:
     def _triplet(self, attempt: Attempt, index: int, t: Triplet) -> TripletEmitted:
         snap = attempt.snapshot
         resources_id = t.resources_id or (snap.resources_id if snap is not None else None)
-        version = parse_policy_version(resources_id)
+        generated_by = t.metadata.get("policy_version")
+        version = generated_by if isinstance(generated_by, int) else parse_policy_version(resources_id)
         status = next((a.status for a in snap.attempts if a.attempt_id == attempt.attempt_id), None) if snap else None
         metadata: dict[str, Any] = {**t.metadata, "span_id": t.span_id, "sequence_id": t.sequence_id,
                                     "attempt_status": status, "prompt_messages": t.prompt_raw,

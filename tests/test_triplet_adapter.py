@@ -45,7 +45,10 @@ def test_one_call_and_its_reward() -> None:
     assert (t.prompt_text, t.response_text) == ("2+2?", "4")
     assert t.prompt_raw == [{"role": "user", "content": "2+2?"}]
     assert t.metadata["response_id"] == "resp-1" and t.metadata["request"] == {"model": "m"}
-    assert t.metadata["agent_name"] == "*"
+    assert t.metadata["agent_name"] == "*" and "policy_version" not in t.metadata
+    [versioned] = TracerTraceToTriplet().adapt([*spans[:1], llm("c1", "root", 10, 20, **{
+        "litstream.policy.version": 4}), spans[2]]).usable
+    assert versioned.metadata["policy_version"] == 4
 
 
 def test_lost_parent_becomes_a_virtual_span_and_several_roots_a_virtual_root() -> None:
