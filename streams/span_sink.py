@@ -1,8 +1,8 @@
 """The sink: spans, rollout-events and triplets topics -> ClickHouse, in Arrow batches, committing offsets only
 after the insert.
 
-Undecodable spans and triplets go to their topic's dead letters (rollout-events has its own from the lifecycle
-processor, so there the sink only counts them). Killed at any point, it loses nothing (uncommitted messages are read again) and shows no duplicate (each table
+Undecodable spans go to ``spans.dlq``; undecodable lifecycle events and triplets are dead-lettered by their topics'
+main consumers (the lifecycle processor, the trainer), so the sink only counts them. Killed at any point, it loses nothing (uncommitted messages are read again) and shows no duplicate (each table
 collapses a redelivered record by its identity; see ``infra/clickhouse/migrations/``). Memory is bounded: a batch
 holds at most ``batch_size`` messages, and the client's prefetch queue is capped. One process owns a chDB
 directory, so the sink also serves read-only SQL (and the ClickHouse rebuild of ``litstream replay --sink
@@ -91,8 +91,9 @@ class SpanSink:
             offsets[(topic, partition)] = offset + 1
             batch.add(topic, partition, offset, m.key(), m.value())
         counts = batch.insert(self.ch)
-        letters = [lt for lt in batch.letters if lt.source_topic != self.topics.rollout_events]
-        # rollout-events has its dead letters from the lifecycle processor: one per bad message, not two.
+        # One dead letter per bad message: the sink writes those of spans; rollout-events has them from the
+        # lifecycle processor and triplets from the trainer, so there it only counts them.
+        letters = [lt for lt in batch.letters if lt.source_topic == self.topics.spans]
         for letter in batch.letters:
             log.warning("undecodable %s[%d]@%d: %s", letter.source_topic, letter.partition, letter.offset,
                         letter.reason)
