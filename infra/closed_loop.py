@@ -40,7 +40,7 @@ AGENT = "litstream.workers.policy_agent:toy_policy_agent"
 @dataclass
 class LoopDemoConfig:
     model: str = "tiny"  # tiny | smollm2
-    steps: int = 20  # policy versions to train
+    steps: int = 60  # policy versions to train
     minutes: float = 5.0  # time budget for training
     runners: int = 2
     concurrency: int = 8  # agent slots per runner
@@ -102,11 +102,16 @@ def run_closed_loop(settings: Settings, cfg: LoopDemoConfig, quiet: bool = False
             stack.start(f"runner-{i}", "runner", "--agent", AGENT, "--concurrency", str(cfg.concurrency))
         stack.wait_ready("span-sink", "span-sink", key="inserted")
         stack.wait_ready("lifecycle", "lifecycle")
-        stack.wait_ready("triplets", "triplets")
+        stack.wait_ready("triplets", "triplets", key="triplets")
         stack.wait_ready("trainer", "trainer", key="version", timeout=600)  # SmolLM2 takes a while to load
         console.print("  lifecycle, span sink, triplet processor, trainer (policy-v0 published) and runners are up")
 
         rollouts, by_status = _drive(settings, stack, cfg, console)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the triplet processor finalizes an attempt once its spans settle
+            if int((health.read(settings.data_dir, "triplets") or {}).get("attempts", 0)) >= rollouts:
+                break
+            time.sleep(0.3)
 
         spans_emitted = sum(1 for _ in read_to_end(settings, f"{settings.topic_prefix}.spans"))
         triplet_versions = _triplet_versions(settings)
@@ -240,10 +245,11 @@ def _plot(by_version: dict[int, float], counts: dict[int, int], steps: list[dict
                 label="mean reward of each training window")
     ax.set_xlabel("policy version that generated the rollouts")
     ax.set_ylabel("reward")
-    ax.set_ylim(0, 1.05)
+    top = max([*by_version.values(), *(s["reward_mean"] for s in steps)], default=1.0)
+    ax.set_ylim(0, min(1.05, max(0.1, top * 1.25)))
     ax.set_title(f"GRPO closed loop: {sum(counts.values())} rollouts")
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
