@@ -49,6 +49,13 @@ litstream. It reads its config as one JSON object on stdin and prints one JSON l
        "otlp_n": 20000, "otlp_batch": 512, "sdk_n": 20000}
 
   -> {..., "rest": {"1": s, "16": s}, "otlp": {"end_s", "flush_s"}, "add_otel_span": {"end_s", "total_s"}}
+
+* "adapter": TracerTraceToTriplet().adapt over traces given as span dicts, only the adapt calls timed:
+
+      {"mode": "adapter", "traces": [[{"span_id", "parent_id", "name", "start", "end", "attributes"}, ...]],
+       "repeats": 3}
+
+  -> {..., "traces": T, "triplets": n, "samples_s": [...]}
 """
 
 from __future__ import annotations
@@ -448,8 +455,34 @@ async def span_ingest(cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+async def adapter(cfg: dict[str, Any]) -> dict[str, Any]:
+    """TracerTraceToTriplet over traces given as span dicts (span_id, parent_id, name, start/end ns,
+    attributes); spans built first, only adapt() is timed."""
+    from agentlightning.adapter.triplet import TracerTraceToTriplet
+    from agentlightning.types import OtelResource, Span, SpanContext, TraceStatus
+
+    traces = []
+    for t in cfg["traces"]:
+        trace_id = secrets.token_hex(16)
+        traces.append([Span(
+            rollout_id="ro-bench", attempt_id="at-bench", sequence_id=k + 1, trace_id=trace_id, span_id=s["span_id"],
+            parent_id=s["parent_id"], name=s["name"], status=TraceStatus(status_code="OK"),
+            attributes=s["attributes"], events=[], links=[], start_time=s["start"] / 1e9, end_time=s["end"] / 1e9,
+            context=SpanContext(trace_id=trace_id, span_id=s["span_id"], is_remote=False, trace_state={}),
+            parent=None, resource=OtelResource(attributes={}, schema_url=""),
+        ) for k, s in enumerate(t)])
+    adapter_ = TracerTraceToTriplet()
+    samples, triplets = [], 0
+    for _ in range(cfg["repeats"]):
+        gc.collect()
+        start = time.perf_counter()
+        triplets = sum(len(adapter_.adapt(t)) for t in traces)
+        samples.append(time.perf_counter() - start)
+    return {**versions(), "traces": len(traces), "triplets": triplets, "samples_s": samples}
+
+
 MODES = {"spans": bench, "rollout_cycles": rollout_cycles, "timer_latency": timer_latency, "apply_ops": apply_ops,
-         "span_ingest": span_ingest}
+         "span_ingest": span_ingest, "adapter": adapter}
 
 
 def main() -> None:

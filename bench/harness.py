@@ -30,6 +30,7 @@ BENCHMARKS: dict[str, str] = {
     "replay_rate": "litstream.bench.replay_rate",
     "span_ingest": "litstream.bench.span_ingest",
     "report_queries": "litstream.bench.report_queries",
+    "trainer": "litstream.bench.trainer",
 }
 
 BENCH_DIR = Path(__file__).resolve().parent

@@ -1,0 +1,250 @@
+"""trainer: what the training side costs — spans to triplets, triplets consumed, a GRPO step against the time spent
+waiting for data, and the engine's reload of a new version.
+
+litstream:
+
+* spans -> triplets: ``streams.triplet_adapter.TracerTraceToTriplet`` over T traces of an agent turn (agent span,
+  one LLM call with token ids, a reward span), what the triplet processor runs per finished attempt;
+* triplets consumed: N TripletEmitted on a topic of an embedded broker, read by a consumer, decoded and fed to
+  the trainer's ``Windower`` (no training): the trainer's intake rate;
+* GRPO step (tiny policy, 8 groups x 4, toy task): ``GrpoLearner.step`` alone, the checkpoint save, and
+  ``TorchEngine.apply_version`` (the runner-side reload of a new version);
+* the closed loop (unless --quick): ``litstream demo`` for S versions on the embedded stack; from the trainer's
+  metrics, the time per step spent training versus waiting for a full window (the pipeline's overhead: rollouts,
+  spans, the triplet processor).
+
+Agent Lightning 0.3.0, same run: its ``TracerTraceToTriplet`` on the same traces (its trainer needs VERL and a
+GPU, so the other rows have no counterpart on this machine).
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import statistics
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from litstream.schemas.events import EventMeta, TripletEmitted
+from litstream.schemas.policy import policy_resources_id
+
+from .harness import Context, Report, Row, rate_row, repeat, run_agl_reference
+
+TITLE = "spans -> triplets, triplets consumed, GRPO step vs waiting, engine reload (Agent Lightning 0.3.0)"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    traces: int
+    triplets: int
+    steps: int  # GRPO steps timed in-process
+    loop_steps: int  # versions of the closed loop (0: skip)
+    repeats: int
+
+
+FULL = Sizes(traces=2000, triplets=20_000, steps=10, loop_steps=20, repeats=3)
+QUICK = Sizes(traces=200, triplets=2000, steps=2, loop_steps=0, repeats=1)
+
+
+def trace_dicts(n: int, seed: int = 0) -> list[list[dict[str, Any]]]:
+    """n agent turns as plain span dicts (both sides build their own span objects from them)."""
+    rng = random.Random(seed)
+    traces: list[list[dict[str, Any]]] = []
+    t0 = time.time_ns()
+    for i in range(n):
+        base = t0 + i * 10_000_000
+        root, llm, reward = (secrets.token_hex(8) for _ in range(3))
+        prompt = [rng.randrange(256) for _ in range(12)]
+        response = [rng.randrange(256) for _ in range(6)]
+        traces.append([
+            {"span_id": root, "parent_id": None, "name": "agent.rollout", "start": base, "end": base + 9_000_000,
+             "attributes": {"agent.name": "toy"}},
+            {"span_id": llm, "parent_id": root, "name": "openai.chat.completion", "start": base + 1_000_000,
+             "end": base + 5_000_000,
+             "attributes": {"gen_ai.request.model": "tiny-policy", "gen_ai.response.id": f"r-{i}",
+                            "gen_ai.prompt.0.role": "user", "gen_ai.prompt.0.content": "cx2=",
+                            "gen_ai.completion.0.role": "assistant", "gen_ai.completion.0.content": "cc",
+                            "prompt_token_ids": prompt, "response_token_ids": response}},
+            {"span_id": reward, "parent_id": root, "name": "agentlightning.annotation", "start": base + 6_000_000,
+             "end": base + 6_000_001,
+             "attributes": {"agentlightning.reward.0.name": "primary",
+                            "agentlightning.reward.0.value": rng.random()}},
+        ])
+    return traces
+
+
+def adapter_rows(ctx: Context, sizes: Sizes) -> tuple[list[Row], dict[str, Any]]:
+    from litstream.streams.trace_tree import TraceSpan
+    from litstream.streams.triplet_adapter import TracerTraceToTriplet
+
+    traces = trace_dicts(sizes.traces)
+    spans = [[TraceSpan(span_id=s["span_id"], parent_id=s["parent_id"], name=s["name"], start=s["start"],
+                        end=s["end"], attributes=s["attributes"], sequence_id=k + 1, resources_id=None)
+              for k, s in enumerate(t)] for t in traces]
+    adapter = TracerTraceToTriplet()
+    counts: list[int] = []
+
+    def adapt_all() -> None:
+        counts.append(sum(len(adapter.adapt(t).usable) for t in spans))
+
+    ctx.step(f"litstream adapter over {len(spans)} traces")
+    samples = repeat(adapt_all, sizes.repeats)
+    if counts[-1] != len(spans):
+        raise RuntimeError(f"{counts[-1]} triplets from {len(spans)} traces")
+    rows = [rate_row("spans -> triplets (litstream TracerTraceToTriplet)", samples, len(spans),
+                     note="traces/s; one LLM call and one reward per trace")]
+    ctx.step("Agent Lightning 0.3.0's TracerTraceToTriplet on the same traces")
+    res = run_agl_reference({"mode": "adapter", "traces": traces, "repeats": sizes.repeats}, ctx.console) \
+        if ctx.agl else "--no-agl"
+    if isinstance(res, str):
+        rows.append(Row("spans -> triplets (Agent Lightning 0.3.0)", note=res))
+        return rows, {}
+    rows.append(Row("spans -> triplets (Agent Lightning 0.3.0)", len(traces) / statistics.median(res["samples_s"]),
+                    None, len(traces), f"traces/s; {res['triplets']} triplets", res["samples_s"]))
+    return rows, {"agl": {k: v for k, v in res.items() if k != "samples_s"}}
+
+
+def _triplet(i: int, rng: random.Random) -> TripletEmitted:
+    meta = EventMeta(event_id=uuid.uuid4().hex, rollout_id=f"ro-{i:08d}", producer_id="bench", producer_seq=i + 1,
+                     timestamp_ns=time.time_ns())
+    return TripletEmitted(meta=meta, attempt_id=f"at-{i:08d}", group_id=f"g-{i // 4}", index=0, policy_version="0",
+                          resources_id=policy_resources_id(0),
+                          prompt_token_ids=[rng.randrange(256) for _ in range(5)],
+                          response_token_ids=[rng.randrange(256) for _ in range(3)],
+                          response_logprobs=[-rng.random() * 5 for _ in range(3)], reward=rng.random())
+
+
+def intake_rows(ctx: Context, sizes: Sizes) -> list[Row]:
+    from litstream.infra.broker import EmbeddedBroker
+    from litstream.infra.kafka import consumer, create_topics, poll_batch
+    from litstream.infra.settings import Settings
+    from litstream.trainer.windows import WindowConfig, Windower
+    from litstream.workers.producer import EventProducer
+
+    rng = random.Random(0)
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
+        settings = Settings(bootstrap_servers=broker.bootstrap, topic_prefix=f"b{uuid.uuid4().hex[:8]}",
+                            partitions=4, data_dir=Path(tmp))
+        create_topics(settings)
+        events = EventProducer(settings, role="bench")
+        ctx.step(f"producing {sizes.triplets} triplets")
+        for i in range(sizes.triplets):
+            events.send(events.topics.triplets, _triplet(i, rng))
+        events.flush()
+        samples: list[float] = []
+        windows = 0
+        for r in range(sizes.repeats):
+            c = consumer(settings, group_id=f"{settings.topic_prefix}-trainer-{r}")
+            c.subscribe([events.topics.triplets])
+            windower = Windower(WindowConfig(group_size=4, max_samples=32, max_staleness=None))
+            seen = 0
+            start = None
+            while seen < sizes.triplets:
+                for m in poll_batch(c, 1.0, 1000):
+                    if m.error() is not None:
+                        continue
+                    start = start or time.perf_counter()  # from the first record: not the group join
+                    t = events.codec.decode_as(m.value(), TripletEmitted)
+                    seen += 1
+                    if windower.add(t, time.monotonic()) is not None:
+                        windows += 1
+            samples.append(time.perf_counter() - (start or time.perf_counter()))
+            c.close()
+        events.close()
+    return [rate_row("triplets consumed: fetch, decode, window (no training)", samples, sizes.triplets,
+                     note=f"{windows // sizes.repeats} windows of 32 per pass")]
+
+
+def step_rows(ctx: Context, sizes: Sizes) -> tuple[list[Row], dict[str, Any]]:
+    import torch
+
+    from litstream.trainer import toy_task
+    from litstream.trainer.engines import TorchEngine
+    from litstream.trainer.learner import GrpoLearner, LearnerConfig
+    from litstream.trainer.loop import triplet
+    from litstream.trainer.policy import build_policy, parameter_count
+    from litstream.trainer.windows import WindowConfig, Windower
+
+    torch.set_num_threads(1)
+    rng = random.Random(0)
+    policy = build_policy("tiny", seed=0)
+    learner = GrpoLearner(policy.model, policy.tokenizer, LearnerConfig(lr=5e-3))
+    step_s, save_s, reload_s, gen_s = [], [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = learner.save(tmp, keep_last=2)
+        engine = TorchEngine.from_checkpoint(path)
+        windower = Windower(WindowConfig(group_size=4, max_samples=32))
+        ctx.step(f"{sizes.steps} GRPO steps of the tiny policy ({parameter_count(policy.model):,} parameters)")
+        for step in range(sizes.steps):
+            tasks = [toy_task.make_task(rng) for _ in range(8)]
+            texts = [toy_task.render_prompt(t) for t in tasks for _ in range(4)]
+            t0 = time.perf_counter()
+            gens = engine.generate([policy.tokenizer.encode(x) for x in texts], toy_task.MAX_NEW_TOKENS)
+            gen_s.append(time.perf_counter() - t0)
+            ts = [triplet(g, tasks[i // 4], f"s{step}-{i // 4}", i, engine.version,
+                          toy_task.reward(tasks[i // 4], g.text), texts[i]) for i, g in enumerate(gens)]
+            for w in windower.add_many(ts, time.monotonic()):
+                stats = learner.step(w.groups)
+                step_s.append(stats.seconds)
+                t0 = time.perf_counter()
+                path = learner.save(tmp, keep_last=2)
+                save_s.append(time.perf_counter() - t0)
+                reload_s.append(engine.apply_version(learner.version, path))
+                windower.set_version(learner.version)
+    ms = {k: round(statistics.median(v) * 1000, 1) for k, v in
+          (("step", step_s), ("save", save_s), ("reload", reload_s), ("generate", gen_s))}
+    rows = [
+        rate_row("GRPO step (tiny, 8 groups x 4)", step_s, 1, note=f"steps/s; median {ms['step']} ms"),
+        rate_row("checkpoint save (safetensors + optimizer)", save_s, 1, note=f"saves/s; median {ms['save']} ms"),
+        rate_row("engine reload of a new version (TorchEngine)", reload_s, 1,
+                 note=f"reloads/s; median {ms['reload']} ms"),
+        rate_row("generation, 32 prompts batched (TorchEngine)", gen_s, 32,
+                 note=f"responses/s; median {ms['generate']} ms per batch"),
+    ]
+    return rows, {"median_ms": ms}
+
+
+def loop_rows(ctx: Context, sizes: Sizes) -> tuple[list[Row], dict[str, Any]]:
+    from litstream.infra.closed_loop import LoopDemoConfig, run_closed_loop
+    from litstream.infra.settings import Settings
+
+    ctx.step(f"the closed loop for {sizes.loop_steps} versions on the embedded stack")
+    with tempfile.TemporaryDirectory() as tmp:
+        result = run_closed_loop(Settings(data_dir=Path(tmp)), LoopDemoConfig(steps=sizes.loop_steps), quiet=True)
+    steps = result.trainer_steps[1:]  # the first window also waits for every process to warm up
+    if not steps:
+        return [Row("closed loop", note="the trainer made no step")], {}
+    train = [s["seconds"] + s["save_s"] + s["reload_s"] for s in steps]
+    wait = [s["wait_s"] for s in steps]
+    share = sum(wait) / (sum(wait) + sum(train))
+    per_step = [t + w for t, w in zip(train, wait)]
+    samples = sum(s["samples"] for s in steps)
+    rows = [
+        Row("closed loop: versions/s", len(steps) / sum(per_step), None, len(steps),
+            f"median step {statistics.median(train) * 1000:.0f} ms training+save+publish, "
+            f"{statistics.median(wait) * 1000:.0f} ms waiting for a window ({share:.0%} of the time waiting)"),
+        Row("closed loop: triplets trained/s", samples / sum(per_step), None, samples,
+            f"{result.rollouts} rollouts, {result.triplets} triplets; mean reward v0 "
+            f"{result.mean_reward_by_version.get(0, 0):.3f} -> v{max(result.versions)} "
+            f"{result.mean_reward_by_version[max(result.versions)]:.3f}"),
+    ]
+    return rows, {"loop": {"waiting_share": share, "steps": len(steps), "seconds": result.seconds,
+                           "mean_reward_by_version": result.mean_reward_by_version}}
+
+
+def run(ctx: Context) -> Report:
+    sizes = QUICK if ctx.quick else FULL
+    rows, params = adapter_rows(ctx, sizes)
+    rows += intake_rows(ctx, sizes)
+    more, extra = step_rows(ctx, sizes)
+    rows += more
+    params.update(extra)
+    if sizes.loop_steps:
+        more, extra = loop_rows(ctx, sizes)
+        rows += more
+        params.update(extra)
+    return Report(rows, {**asdict(sizes), **params})
