@@ -22,6 +22,7 @@ from confluent_kafka import KafkaError, Message, TopicPartition
 from litstream.infra import health
 from litstream.infra.clickhouse import ClickHouse
 from litstream.infra.clickhouse.api import serve_queries
+from litstream.infra.failpoints import failpoint
 from litstream.infra.kafka import consumer, producer
 from litstream.infra.settings import Settings
 from litstream.infra.topics import Topics
@@ -91,6 +92,7 @@ class SpanSink:
             offsets[(topic, partition)] = offset + 1
             batch.add(topic, partition, offset, m.key(), m.value())
         counts = batch.insert(self.ch)
+        failpoint("span-sink.after-insert")  # fault tests: die with the rows stored and the offsets not committed
         # One dead letter per bad message: the sink writes those of spans; rollout-events has them from the
         # lifecycle processor and triplets from the trainer, so there it only counts them.
         letters = [lt for lt in batch.letters if lt.source_topic == self.topics.spans]
