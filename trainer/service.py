@@ -149,7 +149,7 @@ class TrainerService:
         last_beat = 0.0
         try:
             while not self.stop_event.is_set():
-                if self.cfg.max_steps is not None and self.counters["steps"] >= self.cfg.max_steps:
+                if self._done():
                     break
                 for m in poll_batch(c, 0.2, 512):
                     if m.error() is not None:
@@ -165,7 +165,9 @@ class TrainerService:
                     window = self.windower.add(t, time.monotonic())
                     if window is not None:
                         self.train(window, c)
-                window = self.windower.poll(time.monotonic())
+                        if self._done():
+                            break
+                window = self.windower.poll(time.monotonic()) if not self._done() else None
                 if window is not None:
                     self.train(window, c)
                 if time.monotonic() - last_beat > 1.0:
@@ -175,6 +177,9 @@ class TrainerService:
             health.beat(self.settings.data_dir, ROLE, **self.counters, **self.windower.stats.as_dict())
             c.close()
             self.events.flush()
+
+    def _done(self) -> bool:
+        return self.cfg.max_steps is not None and self.counters["steps"] >= self.cfg.max_steps
 
     def train(self, window: Window, c: Consumer | None = None) -> StepStats | None:
         if not window.groups:
