@@ -1,0 +1,663 @@
+"""soak: many rollouts and spans through the whole embedded stack, with every process's memory sampled, consumer
+lag driven back to zero and nothing lost.
+
+The stack: the embedded broker (Tansu, memory storage), the lifecycle processor, the span sink (chDB), the triplet
+processor and several runner processes, each a process of its own (``infra.stack.Stack``, as ``litstream up``
+runs them). The runners run ``soak_agent`` below: a cheap agent that writes ``spans`` spans per rollout (a root, one
+LLM call with token ids, tool steps, the reward), so the triplet processor has one triplet to make per rollout.
+This process enqueues the rollouts with at most ``in_flight`` unfinished at a time, follows ``rollout-state`` to
+see them finish, and every ``sample_s`` seconds samples the RSS of every process and the lag of every consumer
+group. Lag is ``end - committed`` per partition, the ends found by reading each partition to its end-of-partition
+event (never ListOffsets, which the embedded broker answers wrongly).
+
+At the end it waits until every group's lag is zero, then checks that nothing was lost: every rollout succeeded,
+``count() FROM spans FINAL`` equals the records on the spans topic and rollouts x spans, ``rollout_events`` holds
+one ``RolloutEnqueued`` per rollout, one triplet per rollout, and no dead letter anywhere.
+
+``python -m litstream.bench --only soak`` runs a smoke size; the full soak is
+``python -m litstream.bench.soak --rollouts 100000 --spans 1000000`` (see bench/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+from rich.console import Console
+from rich.table import Table
+
+from litstream.infra import clickhouse
+from litstream.infra.kafka import admin, consumer
+from litstream.infra.settings import Settings
+from litstream.infra.stack import Stack
+from litstream.infra.topics import Topics
+from litstream.schemas.codec import DecodeError
+from litstream.schemas.events import RolloutSnapshot
+from litstream.schemas.models import FINISHED
+from litstream.workers.client import enqueue_rollout
+from litstream.workers.producer import EventProducer
+from litstream.workers.sdk import AttemptContext
+
+from .harness import RESULTS_DIR, Context, Report, Row
+from .lifecycle import PARTITIONS
+
+TITLE = "soak: rollouts and spans through the embedded stack; RSS of every process, consumer lag back to zero, loss"
+
+AGENT = "litstream.bench.soak:soak_agent"
+# This process's own consumers fetch at most every 0.5 s: the embedded broker answers a fetch only when its wait is
+# over, so a consumer with the local profile's 10 ms wait costs it ~100 requests/s even when idle.
+QUIET_FETCH_WAIT_MS = 500
+
+
+@dataclass(frozen=True)
+class Sizes:
+    rollouts: int
+    spans: int  # per rollout: root + 1 LLM call + (spans - 3) tool steps + reward
+    runners: int = 4  # runner processes (at most `partitions` of them get offers)
+    partitions: int = PARTITIONS
+    concurrency: int = 8  # agent slots per runner
+    in_flight: int = 2_000  # enqueued and not yet finished, at most
+    sample_s: float = 5.0
+    stall_s: float = 300.0  # no rollout finished for this long: fail with the diagnostics
+    settle_s: float = 600.0  # after the last rollout: time for the lag to reach zero and ClickHouse to hold all
+
+
+# 16 partitions, not the default 4: on the embedded broker the lifecycle processor's producer sends one record per
+# batch (Faust's producer_max_batch_size=1, the local profile's workaround for exact table recovery), and a produce
+# request carries one batch per partition, so its rate grows with the partition count (4: ~11 rollouts/s, 16: ~33-45
+# on this machine's 2 shared cores).
+FULL = Sizes(rollouts=100_000, spans=10, runners=4, concurrency=8, partitions=16)
+DEFAULT = Sizes(rollouts=5_000, spans=10, runners=4, concurrency=8, partitions=16)  # `python -m litstream.bench --only soak`: a smoke run of a few minutes
+QUICK = Sizes(rollouts=300, spans=10, runners=2, concurrency=4, partitions=4, in_flight=300, sample_s=2.0,
+              stall_s=120.0, settle_s=120.0)
+
+
+# --- the agent the runners run ------------------------------------------------------------------------------
+
+
+def soak_agent(task: dict[str, Any], ctx: AttemptContext) -> float:
+    """``task["spans"]`` spans: a root, one LLM call with token ids (a triplet), tool steps, and the reward."""
+    n = max(3, int(task.get("spans", 10)))
+    i = int(task.get("i", 0))
+    with ctx.span("agent.rollout", {"soak.index": i}):
+        prompt_ids = [1 + (i + k) % 250 for k in range(16)]
+        with ctx.span("chat soak-policy", {
+            "gen_ai.operation.name": "chat", "gen_ai.request.model": "soak-policy",
+            "gen_ai.prompt.0.role": "user", "gen_ai.prompt.0.content": f"soak task {i}: say ok",
+            "prompt_token_ids": prompt_ids,
+        }) as llm:
+            llm.set_attributes({"gen_ai.completion.0.role": "assistant", "gen_ai.completion.0.content": "ok",
+                                "gen_ai.usage.input_tokens": len(prompt_ids), "gen_ai.usage.output_tokens": 2,
+                                "response_token_ids": [111, 107]})
+        for step in range(n - 3):
+            with ctx.span("tool.step", {"tool.name": "noop", "tool.step": step, "tool.output": "x" * 64}):
+                pass
+    return 1.0  # the runner emits it as the reward span
+
+
+# --- measuring ----------------------------------------------------------------------------------------------
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a process and its children (psutil, else /proc/<pid>/stat); for this process,
+    its own only (the stack's processes are its children)."""
+    try:
+        import psutil
+    except ImportError:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            return None
+    try:
+        proc = psutil.Process(pid)
+        procs = [proc, *(proc.children(recursive=True) if pid != os.getpid() else [])]
+        return float(sum(p.cpu_times().user + p.cpu_times().system for p in procs))
+    except psutil.Error:
+        return None
+
+
+def _rss_bytes(pid: int) -> int | None:
+    """RSS of a process and its children (psutil if installed, else /proc/<pid>/status VmRSS)."""
+    try:
+        import psutil
+    except ImportError:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            return None
+        return None
+    try:
+        proc = psutil.Process(pid)
+        children = proc.children(recursive=True) if pid != os.getpid() else []
+        return int(proc.memory_info().rss + sum(c.memory_info().rss for c in children))
+    except psutil.Error:
+        return None
+
+
+class Ends:
+    """Partition ends (the next offset to be written) of a set of topics, found by reading every partition to its
+    end-of-partition event; between those, the offsets read and the high-water marks of the Fetch responses
+    (``get_watermark_offsets(cached=True)``: no ListOffsets request) are lower bounds. ``exact()`` reads until
+    every partition has reported its end since it was called."""
+
+    def __init__(self, settings: Settings, topics: Iterable[str]) -> None:
+        meta = admin(settings).list_topics(timeout=10.0).topics
+        self.parts = [TopicPartition(t, p, 0) for t in topics for p in sorted(meta[t].partitions)]
+        self.ends: dict[tuple[str, int], int] = {(tp.topic, tp.partition): 0 for tp in self.parts}
+        self._consumer = consumer(settings, group_id=f"soak-ends-{os.getpid()}-{time.monotonic_ns()}", **{
+            "enable.partition.eof": True, "queued.max.messages.kbytes": 4096, "fetch.max.bytes": 4 * 2**20,
+            "fetch.wait.max.ms": QUIET_FETCH_WAIT_MS})
+        self._consumer.assign(self.parts)
+        self._eof: set[tuple[str, int]] = set()
+
+    def update(self, budget_s: float = 0.2) -> None:
+        deadline = time.monotonic() + budget_s
+        while time.monotonic() < deadline:
+            msgs = self._consumer.consume(num_messages=5_000, timeout=0.05)
+            if not msgs:
+                break
+            for msg in msgs:
+                key = (str(msg.topic()), int(msg.partition() or 0))
+                err = msg.error()
+                if err is None:
+                    self.ends[key] = max(self.ends[key], int(msg.offset() or 0) + 1)
+                    self._eof.discard(key)
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    self.ends[key] = max(self.ends[key], int(msg.offset() or 0))
+                    self._eof.add(key)
+        for tp in self.parts:
+            try:
+                _, high = self._consumer.get_watermark_offsets(tp, cached=True)
+            except Exception:  # noqa: BLE001 - no fetch answered for it yet
+                continue
+            if high is not None and high >= 0:
+                self.ends[(tp.topic, tp.partition)] = max(self.ends[(tp.topic, tp.partition)], int(high))
+
+    def exact(self, timeout: float = 120.0) -> dict[tuple[str, int], int]:
+        """Read until every partition's last event is its end of partition and two fetch rounds in a row bring
+        nothing new: the ends as of now."""
+        deadline = time.monotonic() + timeout
+        quiet = 0
+        while quiet < 2 or len(self._eof) < len(self.parts):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"partitions not read to their end within {timeout:.0f}s: "
+                                   f"{sorted(set(self.ends) - self._eof)}")
+            before = dict(self.ends)
+            self.update(0.3)
+            quiet = quiet + 1 if self.ends == before else 0
+        return dict(self.ends)
+
+    def total(self, topic: str) -> int:
+        return sum(end for (t, _), end in self.ends.items() if t == topic)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+class GroupLag:
+    """Committed offsets of one consumer group (OffsetFetch, without joining the group)."""
+
+    def __init__(self, settings: Settings, group: str, topics: list[str], ends: Ends) -> None:
+        self.group = group
+        self.parts = [TopicPartition(tp.topic, tp.partition) for tp in ends.parts if tp.topic in topics]
+        self._consumer: Consumer = consumer(settings, group_id=group)
+
+    def lag(self, ends: dict[tuple[str, int], int]) -> dict[str, int]:
+        """Per topic: sum over partitions of end - committed (a partition with no commit lags by its end)."""
+        out: dict[str, int] = {}
+        for tp in self._consumer.committed(self.parts, timeout=30.0):
+            committed = tp.offset if tp.offset >= 0 else 0
+            out[tp.topic] = out.get(tp.topic, 0) + max(0, ends[(tp.topic, tp.partition)] - committed)
+        return out
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+class Finished:
+    """Follows ``rollout-state`` from the beginning: which of our rollouts have finished, and how."""
+
+    def __init__(self, settings: Settings, events: EventProducer) -> None:
+        self.codec = events.codec
+        topic = events.topics.state
+        meta = admin(settings).list_topics(topic=topic, timeout=10.0).topics[topic]
+        self._consumer = consumer(settings, group_id=f"soak-state-{os.getpid()}-{time.monotonic_ns()}",
+                                  **{"queued.max.messages.kbytes": 8192, "fetch.wait.max.ms": QUIET_FETCH_WAIT_MS})
+        self._consumer.assign([TopicPartition(topic, p, 0) for p in meta.partitions])
+        self.pending: set[str] = set()
+        self.by_status: dict[str, int] = {}
+        self.finished = 0
+        self.undecodable = 0
+        self.snapshots = 0
+
+    def poll(self, timeout: float) -> int:
+        got = 0
+        for msg in self._consumer.consume(num_messages=5_000, timeout=timeout):
+            if msg.error() is not None:
+                continue
+            self.snapshots += 1
+            try:
+                snap = self.codec.decode_as(msg.value(), RolloutSnapshot)
+            except DecodeError:
+                self.undecodable += 1
+                continue
+            if snap.status in FINISHED and snap.rollout_id in self.pending:
+                self.pending.discard(snap.rollout_id)
+                self.by_status[snap.status] = self.by_status.get(snap.status, 0) + 1
+                self.finished += 1
+                got += 1
+        return got
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+@dataclass
+class Sample:
+    t: float  # seconds since the first enqueue
+    enqueued: int
+    finished: int
+    spans_stored: int  # rows in the spans table (without FINAL: a cheap progress figure)
+    rss_mb: dict[str, float]
+    lag: dict[str, int]  # group -> records behind, all its topics
+    cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds used so far, per process
+
+
+@dataclass
+class SoakResult:
+    sizes: Sizes
+    samples: list[Sample] = field(default_factory=list)
+    phases_s: dict[str, float] = field(default_factory=dict)
+    checks: dict[str, Any] = field(default_factory=dict)
+    final_lag: dict[str, dict[str, int]] = field(default_factory=dict)
+    settle_lag_s: float = 0.0
+    plot: str | None = None
+
+
+def _groups(topics: Topics, prefix: str) -> dict[str, list[str]]:
+    """Every consumer group of the pipeline and the topics it commits."""
+    return {
+        "lifecycle": [topics.rollout_events],  # Faust's group is its app id
+        "span-sink": [topics.spans, topics.rollout_events, topics.triplets],
+        "triplets": [topics.spans, topics.state],
+        "runners": [topics.offers],
+    }
+
+
+def _group_ids(topics: Topics, prefix: str) -> dict[str, str]:
+    return {"lifecycle": topics.faust_app_id, "span-sink": f"{prefix}-span-sink", "triplets": f"{prefix}-triplets",
+            "runners": f"{prefix}-runners"}
+
+
+def _dlq_topics(settings: Settings, topics: Topics) -> list[str]:
+    names = admin(settings).list_topics(timeout=10.0).topics
+    return sorted(t for t in names if t.startswith(f"{settings.topic_prefix}.") and t.endswith(".dlq"))
+
+
+def _count(settings: Settings, sql: str) -> int:
+    return int(clickhouse.query(settings.resolved_clickhouse_dsn, sql, timeout=300.0).rows[0][0])
+
+
+def _check_alive(stack: Stack) -> None:
+    for name, proc in stack.roles.items():
+        if not proc.alive():
+            raise RuntimeError(f"{name} exited with code {proc.proc.returncode}; see {proc.log_path}")
+
+
+def soak(ctx: Context, sizes: Sizes, results_dir: Path) -> SoakResult:
+    result = SoakResult(sizes)
+    with tempfile.TemporaryDirectory(prefix="litstream-bench-soak-", ignore_cleanup_errors=True) as tmp, \
+            Stack(Settings(partitions=sizes.partitions, data_dir=Path(tmp) / "data",
+                           topic_prefix=f"bench-soak-{secrets.token_hex(3)}")) as stack:
+        ctx.step(f"starting the embedded broker (data dir {tmp})")
+        stack.start_broker()
+        stack.create_topics()
+        settings = stack.settings
+        topics = Topics(settings.topic_prefix)
+        ctx.step(f"starting the lifecycle processor, the span sink, the triplet processor and {sizes.runners} "
+                 f"runners x {sizes.concurrency} slots")
+        stack.start("lifecycle", "process", "lifecycle")
+        stack.start("span-sink", "process", "span-sink")
+        stack.start("triplets", "process", "triplets")
+        for i in range(sizes.runners):
+            stack.start(f"runner-{i}", "runner", "--concurrency", str(sizes.concurrency), "--agent", AGENT,
+                        "--drain", "5")
+        stack.wait_ready("lifecycle", "lifecycle", timeout=120)
+        stack.wait_ready("span-sink", "span-sink", key="inserted", timeout=120)
+        stack.wait_ready("triplets", "triplets", timeout=120)
+        _check_alive(stack)
+
+        assert stack.broker is not None and stack.broker.proc is not None
+        pids = {"broker": stack.broker.proc.pid, **{name: proc.proc.pid for name, proc in stack.roles.items()},
+                "soak (this process)": os.getpid()}
+
+        events = EventProducer(settings, role="soak")
+        finished = Finished(settings, events)
+        groups = _groups(topics, settings.topic_prefix)
+        group_ids = _group_ids(topics, settings.topic_prefix)
+        watched = sorted({t for ts in groups.values() for t in ts})
+        ends = Ends(settings, watched)
+        lags = {name: GroupLag(settings, group_ids[name], ts, ends) for name, ts in groups.items()}
+        n = sizes.rollouts
+        try:
+            ctx.step(f"driving {n:,} rollouts x {sizes.spans} spans, at most {sizes.in_flight:,} in flight")
+            start = time.monotonic()
+            last_sample = float("-inf")
+            last_progress = start
+            enqueued = 0
+            while finished.finished < n:
+                room = min(n - enqueued, sizes.in_flight - (enqueued - finished.finished))
+                for _ in range(max(0, min(room, 500))):
+                    ev = enqueue_rollout(events, {"i": enqueued, "spans": sizes.spans}, mode="train")
+                    finished.pending.add(ev.rollout_id)
+                    enqueued += 1
+                if finished.poll(0.05 if room > 0 else 0.2):
+                    last_progress = time.monotonic()
+                now = time.monotonic()
+                if now - last_sample >= sizes.sample_s:
+                    last_sample = now
+                    _check_alive(stack)
+                    sample = _sample(settings, now - start, enqueued, finished.finished, pids, ends, lags)
+                    result.samples.append(sample)
+                    ctx.step(f"{sample.t:6.0f}s  finished {sample.finished:,}/{n:,}  spans stored "
+                             f"{sample.spans_stored:,}  lag {sample.lag}  RSS MB "
+                             + " ".join(f"{k.split(' ')[0]}={v:.0f}" for k, v in sample.rss_mb.items())
+                             + "  CPU s " + " ".join(f"{k.split(' ')[0]}={v:.0f}" for k, v in sample.cpu_s.items()))
+                if now - last_progress > sizes.stall_s:
+                    raise RuntimeError(f"no rollout finished for {sizes.stall_s:.0f}s: {finished.finished:,} of "
+                                       f"{n:,} finished ({finished.by_status}); logs in {stack.log_dir}")
+            events.flush()
+            result.phases_s["rollouts"] = time.monotonic() - start
+
+            ctx.step("all rollouts finished; waiting for every group's lag to reach zero")
+            settle_start = time.monotonic()
+            expected_spans = n * sizes.spans
+            while True:
+                _check_alive(stack)
+                exact = ends.exact()
+                lag = {name: g.lag(exact) for name, g in lags.items()}
+                stored = _count(settings, "SELECT count() FROM spans")
+                result.samples.append(Sample(time.monotonic() - start, enqueued, finished.finished, stored,
+                                             _rss(pids), {k: sum(v.values()) for k, v in lag.items()}, _cpu(pids)))
+                if all(v == 0 for per in lag.values() for v in per.values()) and stored >= expected_spans:
+                    break
+                if time.monotonic() - settle_start > sizes.settle_s:
+                    raise RuntimeError(f"lag not back to zero within {sizes.settle_s:.0f}s of the last rollout: "
+                                       f"{lag}; spans stored {stored:,} of {expected_spans:,}")
+                time.sleep(min(sizes.sample_s, 2.0))
+            result.settle_lag_s = time.monotonic() - settle_start
+            result.phases_s["total"] = time.monotonic() - start
+            result.final_lag = lag
+
+            ctx.step("checking for loss")
+            for _ in range(3):  # two more samples at rest: does memory come down?
+                time.sleep(sizes.sample_s)
+                result.samples.append(_sample(settings, time.monotonic() - start, enqueued, finished.finished, pids,
+                                              ends, lags))
+            dlq = _dlq_topics(settings, topics)
+            dlq_ends = Ends(settings, dlq)
+            try:
+                dead = {t: dlq_ends.total(t) for t in dlq if (dlq_ends.exact() and dlq_ends.total(t))}
+            finally:
+                dlq_ends.close()
+            result.checks = {
+                "rollouts_enqueued": enqueued,
+                "rollouts_by_status": dict(finished.by_status),
+                "snapshots_read": finished.snapshots,
+                "undecodable_snapshots": finished.undecodable,
+                "spans_expected": expected_spans,
+                "spans_on_kafka": ends.total(topics.spans),
+                "spans_in_clickhouse_final": _count(settings, "SELECT count() FROM spans FINAL"),
+                "rollouts_with_reward": _count(settings, "SELECT uniqExact(rollout_id) FROM spans FINAL "
+                                                         "WHERE reward IS NOT NULL"),
+                "enqueued_in_clickhouse": _count(settings, "SELECT count() FROM rollout_events FINAL "
+                                                           "WHERE event_type = 'RolloutEnqueued'"),
+                "lifecycle_events_on_kafka": ends.total(topics.rollout_events),
+                "lifecycle_events_in_clickhouse": _count(settings, "SELECT count() FROM rollout_events FINAL"),
+                "triplets_on_kafka": ends.total(topics.triplets),
+                "triplets_in_clickhouse": _count(settings, "SELECT count() FROM triplets FINAL"),
+                "dead_letters": dead,
+            }
+        finally:
+            for g in lags.values():
+                g.close()
+            ends.close()
+            finished.close()
+            del events  # its producer goes before the broker does
+    result.plot = _plot(result, results_dir)
+    return result
+
+
+def _cpu(pids: dict[str, int]) -> dict[str, float]:
+    return {name: cpu for name, pid in pids.items() if (cpu := _cpu_seconds(pid)) is not None}
+
+
+def _rss(pids: dict[str, int]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name, pid in pids.items():
+        rss = _rss_bytes(pid)
+        if rss is not None:
+            out[name] = rss / 2**20
+    return out
+
+
+def _sample(settings: Settings, t: float, enqueued: int, finished: int, pids: dict[str, int], ends: Ends,
+            lags: dict[str, GroupLag]) -> Sample:
+    ends.update(0.5)
+    lag = {name: sum(g.lag(ends.ends).values()) for name, g in lags.items()}
+    try:
+        stored = _count(settings, "SELECT count() FROM spans")
+    except Exception:  # noqa: BLE001 - a busy sink answers late: the figure is for progress only
+        stored = -1
+    return Sample(t, enqueued, finished, stored, _rss(pids), lag, _cpu(pids))
+
+
+def _plot(result: SoakResult, results_dir: Path) -> str | None:
+    if not result.samples:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_rss, ax_lag) = plt.subplots(2, 1, figsize=(11, 8), sharex=True)
+    ts = [s.t for s in result.samples]
+    names = sorted({k for s in result.samples for k in s.rss_mb})
+    for name in names:
+        ax_rss.plot(ts, [s.rss_mb.get(name, float("nan")) for s in result.samples], label=name)
+    ax_rss.set_ylabel("RSS (MiB)")
+    ax_rss.set_title(f"soak: {result.sizes.rollouts:,} rollouts x {result.sizes.spans} spans")
+    ax_rss.legend(fontsize=7, ncol=3, loc="upper left")
+    ax_rss.grid(alpha=0.3)
+    for group in sorted({k for s in result.samples for k in s.lag}):
+        ax_lag.plot(ts, [max(s.lag.get(group, 0), 0) + 1 for s in result.samples], label=f"lag {group}")
+    ax_lag.set_yscale("log")
+    ax_lag.set_ylabel("consumer lag + 1 (records)")
+    ax_lag.set_xlabel("seconds since the first enqueue")
+    ax_lag.grid(alpha=0.3)
+    done = ax_lag.twinx()
+    done.plot(ts, [s.finished for s in result.samples], color="black", linestyle="--", label="rollouts finished")
+    done.set_ylabel("rollouts finished")
+    lines = ax_lag.get_legend_handles_labels()
+    more = done.get_legend_handles_labels()
+    ax_lag.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="upper left")
+    fig.tight_layout()
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path = results_dir / f"soak-{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(2)}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+# --- the report ---------------------------------------------------------------------------------------------
+
+
+def memory_table(result: SoakResult) -> list[dict[str, Any]]:
+    """Per process: RSS at the first sample, at a quarter of the rollouts, peak, at the end, and the growth per
+    1,000 rollouts between a quarter and the end (near 0: bounded; positive: grows with what it has seen)."""
+    samples = [s for s in result.samples if s.rss_mb]
+    if not samples:
+        return []
+    n = result.sizes.rollouts
+    quarter = next((s for s in samples if s.finished >= n // 4), samples[0])
+    last = samples[-1]
+    rows = []
+    for name in sorted({k for s in samples for k in s.rss_mb}, key=lambda k: (not k.startswith("broker"), k)):
+        series = [s.rss_mb[name] for s in samples if name in s.rss_mb]
+        grown = last.finished - quarter.finished
+        slope = ((last.rss_mb.get(name, 0.0) - quarter.rss_mb.get(name, 0.0)) / grown * 1000) if grown > 0 else 0.0
+        cpu = last.cpu_s.get(name, 0.0) - samples[0].cpu_s.get(name, 0.0)
+        rows.append({"process": name, "first_mb": series[0], "quarter_mb": quarter.rss_mb.get(name, series[0]),
+                     "peak_mb": max(series), "final_mb": series[-1], "mb_per_1k_rollouts": slope,
+                     "cpu_s": cpu, "cpu_share": cpu / (last.t - samples[0].t) if last.t > samples[0].t else 0.0})
+    return rows
+
+
+def to_report(result: SoakResult) -> Report:
+    sz = result.sizes
+    c = result.checks
+    n = sz.rollouts
+    spans = n * sz.spans
+    roll_s = result.phases_s.get("rollouts", 0.0)
+    total_s = result.phases_s.get("total", 0.0)
+    lost = {
+        "rollouts not succeeded": n - int(c.get("rollouts_by_status", {}).get("succeeded", 0)),
+        "spans missing in ClickHouse": c.get("spans_on_kafka", 0) - c.get("spans_in_clickhouse_final", 0),
+        "spans not produced": spans - c.get("spans_on_kafka", 0),
+        "enqueued missing in ClickHouse": n - c.get("enqueued_in_clickhouse", 0),
+        "lifecycle events missing in ClickHouse":
+            c.get("lifecycle_events_on_kafka", 0) - c.get("lifecycle_events_in_clickhouse", 0),
+        "triplets missing": n - c.get("triplets_on_kafka", 0),
+        "triplets missing in ClickHouse": c.get("triplets_on_kafka", 0) - c.get("triplets_in_clickhouse", 0),
+        "dead letters": sum(c.get("dead_letters", {}).values()),
+    }
+    loss_note = "nothing lost" if not any(lost.values()) else \
+        "LOST: " + ", ".join(f"{k} {v:,}" for k, v in lost.items() if v)
+    peak_lag = {g: max((s.lag.get(g, 0) for s in result.samples), default=0)
+                for g in sorted({k for s in result.samples for k in s.lag})}
+    rows = [
+        Row("rollouts: enqueue -> claimed -> agent -> succeeded (all finished)", n / roll_s if roll_s else None,
+            None, n, note=f"{roll_s:,.0f} s; {sz.runners} runners x {sz.concurrency} slots, at most "
+                          f"{sz.in_flight:,} in flight; by status {c.get('rollouts_by_status')}"),
+        Row("spans: agent -> Kafka -> ClickHouse (FINAL), until lag 0", spans / total_s if total_s else None, None,
+            spans, note=f"{total_s:,.0f} s from the first enqueue until every group's lag was 0 and ClickHouse held "
+                        f"them all ({result.settle_lag_s:,.0f} s after the last rollout finished)"),
+        Row("consumer lag at the end (every group, every partition)", note=", ".join(
+            f"{g} {sum(per.values())}" for g, per in result.final_lag.items()) + "; peak during the run: "
+            + ", ".join(f"{g} {v:,}" for g, v in peak_lag.items())),
+        Row("loss check", note=loss_note + f" (spans FINAL {c.get('spans_in_clickhouse_final', 0):,} = on Kafka "
+                                           f"{c.get('spans_on_kafka', 0):,}; enqueued {c.get('enqueued_in_clickhouse', 0):,}; "
+                                           f"triplets {c.get('triplets_in_clickhouse', 0):,}; dead letters "
+                                           f"{c.get('dead_letters')})"),
+    ]
+    for m in memory_table(result):
+        rows.append(Row(f"RSS {m['process']}", note=f"first {m['first_mb']:,.0f} MiB, peak {m['peak_mb']:,.0f}, "
+                                                    f"final {m['final_mb']:,.0f}; "
+                                                    f"{m['mb_per_1k_rollouts']:+.2f} MiB per 1k rollouts after 25%; "
+                                                    f"CPU {m['cpu_s']:,.0f} s ({m['cpu_share']:.2f} cores)"))
+    params = {"sizes": asdict(sz), "phases_s": result.phases_s, "checks": c, "lost": lost,
+              "final_lag": result.final_lag, "settle_lag_s": result.settle_lag_s, "memory": memory_table(result),
+              "plot": result.plot, "samples": [asdict(s) for s in result.samples],
+              "rss_source": "psutil" if _has_psutil() else "/proc/<pid>/status VmRSS"}
+    return Report(rows, params)
+
+
+def _has_psutil() -> bool:
+    try:
+        import psutil  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def print_memory(console: Console, result: SoakResult) -> None:
+    table = Table(title="soak: RSS per process (MiB)", title_justify="left")
+    for col in ("process", "first", "at 25%", "peak", "final", "MiB / 1k rollouts after 25%", "CPU s", "cores"):
+        table.add_column(col, justify="left" if col == "process" else "right")
+    for m in memory_table(result):
+        table.add_row(m["process"], f"{m['first_mb']:,.0f}", f"{m['quarter_mb']:,.0f}", f"{m['peak_mb']:,.0f}",
+                      f"{m['final_mb']:,.0f}", f"{m['mb_per_1k_rollouts']:+.2f}", f"{m['cpu_s']:,.0f}",
+                      f"{m['cpu_share']:.2f}")
+    console.print(table)
+
+
+def check(result: SoakResult) -> None:
+    """Raise unless nothing was lost and every lag is zero."""
+    lost = to_report(result).params["lost"]
+    bad = {k: v for k, v in lost.items() if v}
+    if bad or any(v for per in result.final_lag.values() for v in per.values()):
+        raise RuntimeError(f"the soak lost data or left lag: {bad}, lag {result.final_lag}")
+
+
+def run_sizes(ctx: Context, sizes: Sizes, results_dir: Path = RESULTS_DIR) -> Report:
+    result = soak(ctx, sizes, results_dir)
+    print_memory(ctx.console, result)
+    if result.plot:
+        ctx.console.print(f"plot: {result.plot}")
+    report = to_report(result)
+    check(result)
+    return report
+
+
+def run(ctx: Context) -> Report:
+    return run_sizes(ctx, QUICK if ctx.quick else DEFAULT)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m litstream.bench.soak --rollouts N --spans M``: the soak at any size, printed and saved like
+    every benchmark."""
+    from .harness import machine, print_machine, print_report, save
+
+    parser = argparse.ArgumentParser(prog="python -m litstream.bench.soak", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rollouts", type=int, default=DEFAULT.rollouts)
+    parser.add_argument("--spans", type=int, default=None,
+                        help="spans in all (a multiple of --rollouts, at least 3 per rollout; default 10 per rollout)")
+    parser.add_argument("--runners", type=int, default=DEFAULT.runners)
+    parser.add_argument("--concurrency", type=int, default=DEFAULT.concurrency, help="agent slots per runner")
+    parser.add_argument("--partitions", type=int, default=DEFAULT.partitions,
+                        help="partitions of the per-rollout topics (runners beyond this many get no offers)")
+    parser.add_argument("--in-flight", type=int, default=DEFAULT.in_flight)
+    parser.add_argument("--sample-s", type=float, default=DEFAULT.sample_s)
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    args = parser.parse_args(argv)
+    spans = args.spans if args.spans is not None else args.rollouts * DEFAULT.spans
+    if args.rollouts < 1 or spans % args.rollouts or spans // args.rollouts < 3:
+        parser.error("--spans must be a multiple of --rollouts with at least 3 spans per rollout")
+    sizes = Sizes(rollouts=args.rollouts, spans=spans // args.rollouts, runners=args.runners,
+                  concurrency=args.concurrency, partitions=args.partitions, in_flight=args.in_flight, sample_s=args.sample_s,
+                  stall_s=FULL.stall_s if args.rollouts > QUICK.rollouts else QUICK.stall_s)
+    console = Console() if sys.stdout.isatty() else Console(width=150)
+    m = machine()
+    print_machine(console, m)
+    ctx = Context(quick=False, agl=False, console=console)
+    console.rule(f"[bold]soak[/]: {sizes.rollouts:,} rollouts x {sizes.spans} spans")
+    start = time.perf_counter()
+    try:
+        report = run_sizes(ctx, sizes, args.results_dir)
+    except Exception as exc:
+        console.print(f"[red]soak failed:[/] {type(exc).__name__}: {exc}")
+        return 1
+    elapsed = time.perf_counter() - start
+    print_report(console, f"soak ({elapsed:.0f} s)", report)
+    path = save(args.results_dir, "soak", m, report, quick=False, elapsed_s=elapsed)
+    console.print(f"saved {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())
