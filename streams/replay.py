@@ -80,10 +80,13 @@ def replay(settings: Settings, codec: Codec | None = None) -> ReplayResult:
         except DecodeError:
             result.undecodable += 1
             continue
-        if isinstance(event, LIFECYCLE_EVENTS):
-            result.apply(event)
-        else:
+        if not isinstance(event, LIFECYCLE_EVENTS):
             result.undecodable += 1
+        elif msg.key() is None or msg.key().decode(errors="replace") != event.rollout_id:
+            result.events += 1  # the processor dead-letters a message keyed by another id: the fold never sees it
+            result.rejected += 1
+        else:
+            result.apply(event)
     result.seconds = time.perf_counter() - t0
     return result
 

@@ -15,3 +15,16 @@ def stall_first_attempt(task: Any, rollout: AttemptedRollout, ctx: AttemptContex
         if rollout.attempt.sequence_id == 1:
             time.sleep(600)
     return 1.0
+
+
+LLM_CALL = {"gen_ai.operation.name": "chat", "gen_ai.request.model": "toy", "prompt_token_ids": [11, 12, 13],
+            "response_token_ids": [21, 22], "response_logprobs": [-0.5, -0.25], "gen_ai.prompt.0.role": "user",
+            "gen_ai.prompt.0.content": "2+2?", "gen_ai.completion.0.role": "assistant",
+            "gen_ai.completion.0.content": "4"}
+
+
+def llm_call_agent(task: Any, ctx: AttemptContext) -> float:
+    """One LLM call with token ids and a reward: each attempt makes one triplet."""
+    with ctx.span("agent.rollout"), ctx.span("chat toy", dict(LLM_CALL)):
+        pass
+    return 1.0

@@ -28,6 +28,8 @@ from litstream.schemas.models import (
 )
 from litstream.streams.store import UNSET, LitStore, StoreError
 
+from .attributes import check_span_limits
+
 PREFIX = "/v1/agl"
 _RESOURCES = TypeAdapter(NamedResources)
 
@@ -384,6 +386,10 @@ def build_agl_app(store: LitStore) -> web.Application:
     @guarded
     async def add_span(request: web.Request) -> web.Response:
         span = _parse(Span, await _body(request))
+        try:
+            check_span_limits(span)  # over the limits it could not be one Kafka message
+        except ValueError as exc:
+            raise HTTPFieldError(400, str(exc), "attributes") from None
         resp = _dump(await store.add_span(span))
         resp.set_status(201)
         return resp

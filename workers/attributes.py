@@ -1,4 +1,11 @@
-"""OpenTelemetry attribute values: checked when they are given, so a bad value fails at the call site."""
+"""OpenTelemetry attribute values: checked when they are given, so a bad value fails at the call site.
+
+Size limits keep one span within one Kafka message (1 MB by default on the broker and the client): an attribute
+value holds at most ``MAX_VALUE_BYTES`` (a string's UTF-8 bytes; a list's elements together, 8 bytes a number), a
+span at most ``MAX_ATTRIBUTES`` attributes of at most ``MAX_SPAN_ATTRIBUTE_BYTES`` together (keys included, with its
+events' and links' attributes). The SDK refuses more at the call that sets it; the gateway answers 400 naming the
+attribute (``/v1/agl/spans``) or refuses the span in OTLP's ``partialSuccess`` (``/v1/traces``).
+"""
 
 from __future__ import annotations
 
@@ -6,9 +13,54 @@ from collections.abc import Mapping
 from typing import Any
 
 from litstream.schemas.events import AttrValue
+from litstream.schemas.models import Span
 
 INT64 = (-(2**63), 2**63 - 1)  # Avro long: a larger int could not be written to the topic
 PRIMITIVES = (bool, int, float, str)
+MAX_ATTRIBUTES = 1024  # per span (OpenTelemetry's default is 128; LLM spans carry prompts message by message)
+MAX_VALUE_BYTES = 256 << 10  # one attribute value
+MAX_SPAN_ATTRIBUTE_BYTES = 768 << 10  # all of a span's attributes, keys included: room left in a 1 MB message
+
+
+def value_size(value: Any) -> int:
+    """Bytes an attribute value takes: a string's UTF-8 length, 8 for a number, a list's elements added up."""
+    if isinstance(value, str):
+        return len(value.encode("utf-8", errors="surrogatepass"))
+    if isinstance(value, (list, tuple)):
+        return sum(value_size(v) for v in value)
+    if isinstance(value, (bytes, bytearray)):
+        return len(value)
+    return 0 if value is None else 8
+
+
+def check_value_size(value: Any, where: str) -> None:
+    size = value_size(value)
+    if size > MAX_VALUE_BYTES:
+        raise ValueError(f"{where}: value of {size} bytes is over the {MAX_VALUE_BYTES}-byte limit of an attribute")
+
+
+def attributes_bytes(attributes: Mapping[str, Any] | None) -> int:
+    return sum(len(str(k).encode("utf-8", errors="surrogatepass")) + value_size(v) for k, v in (attributes or {}).items())
+
+
+def check_span_attributes(attributes: Mapping[str, Any], where: str = "attributes", extra_bytes: int = 0) -> None:
+    """A whole span's attributes against the limits (``extra_bytes``: its events' and links' attributes)."""
+    if len(attributes) > MAX_ATTRIBUTES:
+        raise ValueError(f"{where}: {len(attributes)} attributes, over the limit of {MAX_ATTRIBUTES} per span")
+    total = extra_bytes
+    for key, value in attributes.items():
+        check_value_size(value, f"{where}[{key!r}]")
+        total += len(str(key).encode("utf-8", errors="surrogatepass")) + value_size(value)
+    if total > MAX_SPAN_ATTRIBUTE_BYTES:
+        raise ValueError(f"{where}: {total} bytes of attributes, over the limit of {MAX_SPAN_ATTRIBUTE_BYTES} per span")
+
+
+def check_span_limits(span: Span) -> None:
+    """A span from outside (gateway, OTLP) against the limits; its events', links' and resource's attributes count
+    in the span's total."""
+    extra = sum(attributes_bytes(e.attributes) for e in span.events)
+    extra += sum(attributes_bytes(link.attributes) for link in span.links) + attributes_bytes(span.resource.attributes)
+    check_span_attributes(span.attributes, "attributes", extra)
 
 
 def check_int(value: int, where: str) -> int:
@@ -19,7 +71,10 @@ def check_int(value: int, where: str) -> int:
 
 def check_leaf(value: Any, where: str) -> AttrValue:
     """An OpenTelemetry attribute value: a primitive, or a homogeneous list of primitives (None elements allowed)."""
-    if isinstance(value, (bool, float, str)):
+    if isinstance(value, str):
+        check_value_size(value, where)
+        return value
+    if isinstance(value, (bool, float)):
         return value
     if isinstance(value, int):
         return check_int(value, where)
@@ -32,6 +87,7 @@ def check_leaf(value: Any, where: str) -> AttrValue:
         for v in value:
             if type(v) is int:
                 check_int(v, where)
+        check_value_size(value, where)
         return list(value)
     what = "None" if value is None else f"a {type(value).__name__}"
     raise TypeError(f"{where}: {what} is not an OpenTelemetry attribute value "

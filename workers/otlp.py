@@ -52,6 +52,7 @@ from litstream.schemas.models import (
 )
 from litstream.streams.store import LitStore, StoreError
 
+from .attributes import attributes_bytes, check_span_attributes
 from .otel import with_token_aliases
 
 log = logging.getLogger("litstream.otlp")
@@ -288,14 +289,21 @@ def _draft(span: ProtoSpan, resource_attrs: dict[str, AttributeValue], resource:
     trace_id = _hex_id(span.trace_id, 16, "trace_id")
     span_id = _hex_id(span.span_id, 8, "span_id")
     parent_id = _hex_id(span.parent_span_id, 8, "parent_span_id") if span.parent_span_id else None
+    events = [Event(name=e.name, attributes=attributes(e.attributes), timestamp=_seconds(e.time_unix_nano))
+              for e in span.events]
+    links = [_link(ln) for ln in span.links]
+    try:  # over the limits a span could not be one Kafka message
+        check_span_attributes(attrs, "attributes", sum(attributes_bytes(e.attributes) for e in events)
+                              + sum(attributes_bytes(ln.attributes) for ln in links) + attributes_bytes(resource.attributes))
+    except ValueError as exc:
+        raise _Rejected(str(exc)) from None
     fields: dict[str, Any] = {
         "trace_id": trace_id, "span_id": span_id, "parent_id": parent_id, "name": span.name,
         "status": TraceStatus(status_code=_STATUS_CODES.get(span.status.code, "UNSET"),
                               description=span.status.message or None),
         "attributes": attrs,
-        "events": [Event(name=e.name, attributes=attributes(e.attributes), timestamp=_seconds(e.time_unix_nano))
-                   for e in span.events],
-        "links": [_link(ln) for ln in span.links],
+        "events": events,
+        "links": links,
         "start_time": _seconds(span.start_time_unix_nano), "end_time": _seconds(span.end_time_unix_nano),
         "context": SpanContext(trace_id=trace_id, span_id=span_id, is_remote=_is_remote(span.flags),
                                trace_state=_trace_state(span.trace_state)),

@@ -24,7 +24,13 @@ from litstream.schemas.events import (
     SpanRecorded,
 )
 
-from .attributes import check_leaf, flatten_attributes
+from .attributes import (
+    MAX_ATTRIBUTES,
+    MAX_SPAN_ATTRIBUTE_BYTES,
+    check_leaf,
+    flatten_attributes,
+    value_size,
+)
 from .producer import EventProducer
 
 REWARD_SPAN = "agentlightning.annotation"
@@ -36,7 +42,9 @@ _current_span: contextvars.ContextVar[SpanHandle | None] = contextvars.ContextVa
 
 @dataclass
 class SpanHandle:
-    """An open span: set attributes on it; it is recorded when its ``with`` block ends."""
+    """An open span: set attributes on it; it is recorded when its ``with`` block ends.
+
+    Values are checked as they are set, limits included (``attributes.py``): the call that breaks one raises."""
 
     name: str
     span_id: str
@@ -45,12 +53,29 @@ class SpanHandle:
     attributes: dict[str, AttrValue] = field(default_factory=dict)
     status_code: str = "UNSET"
     status_message: str | None = None
+    _bytes: int = field(default=0, repr=False)
 
     def set_attribute(self, key: str, value: AttrValue) -> None:
-        self.attributes[key] = check_leaf(value, f"attribute {key!r}")  # fails here, not when the span ends
+        self._put(key, check_leaf(value, f"attribute {key!r}"))  # fails here, not when the span ends
 
     def set_attributes(self, attributes: dict[str, Any]) -> None:
-        self.attributes.update(flatten_attributes(attributes))
+        for key, value in flatten_attributes(attributes).items():
+            self._put(key, value)
+
+    def _put(self, key: str, value: AttrValue) -> None:
+        old = self.attributes.get(key)
+        if key not in self.attributes and len(self.attributes) >= MAX_ATTRIBUTES:
+            raise ValueError(f"span {self.name!r}: attribute {key!r} would be its {len(self.attributes) + 1}th, "
+                             f"over the limit of {MAX_ATTRIBUTES} per span")
+        if key in self.attributes:  # a new value for a key already counted
+            size = self._bytes - value_size(old) + value_size(value)
+        else:
+            size = self._bytes + len(key.encode("utf-8", errors="surrogatepass")) + value_size(value)
+        if size > MAX_SPAN_ATTRIBUTE_BYTES:
+            raise ValueError(f"span {self.name!r}: attribute {key!r} would bring its attributes to {size} bytes, "
+                             f"over the limit of {MAX_SPAN_ATTRIBUTE_BYTES} per span")
+        self.attributes[key] = value
+        self._bytes = size
 
 
 class AttemptContext:
@@ -95,7 +120,8 @@ class AttemptContext:
     def span(self, name: str, attributes: dict[str, AttrValue] | None = None) -> Iterator[SpanHandle]:
         parent = _current_span.get()
         handle = SpanHandle(name=name, span_id=secrets.token_hex(8), parent_id=parent.span_id if parent else None,
-                            start_time_ns=time.time_ns(), attributes=flatten_attributes(attributes or {}))
+                            start_time_ns=time.time_ns())
+        handle.set_attributes(attributes or {})
         token = _current_span.set(handle)
         try:
             yield handle
