@@ -1,29 +1,38 @@
-"""Faults with real processes: a runner killed mid-attempt, the broker restarted on durable storage.
+"""Faults with real processes: a runner killed mid-attempt, every input topic redelivered in another order, the
+broker restarted on durable storage.
 
 (The lifecycle processor killed mid-stream is in test_lifecycle.py; the span sink killed between insert and
-commit in test_sink_faults.py.)
+commit in test_sink_pipeline.py.)
 """
 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from litstream.infra import health
 from litstream.infra.broker import EmbeddedBroker, free_port
 from litstream.infra.clickhouse import query
-from litstream.infra.kafka import create_topics, read_to_end
+from litstream.infra.kafka import create_topics, producer, read_to_end
 from litstream.infra.settings import Settings
 from litstream.infra.stack import Stack
+from litstream.infra.topics import Topics
+from litstream.schemas.codec import default_codec
+from litstream.schemas.events import EventFactory, NamedResourceRecord, ResourcesPublished, TripletEmitted
 from litstream.schemas.models import FINISHED
 from litstream.streams.replay import verify
+from litstream.streams.views import ResourcesView
+from litstream.workers.producer import EventProducer
 from tests.lifecycle_helpers import Driver
 
 TESTS_DIR = str(Path(__file__).parent)
@@ -47,6 +56,104 @@ def test_a_runner_killed_mid_attempt_is_retried_elsewhere(settings: Settings, mo
             d.close()
     assert snap.status == "succeeded"
     assert [a.status for a in snap.attempts] == ["unresponsive", "succeeded"]
+
+
+def _resources(settings: Settings) -> dict[str, Any]:
+    view = ResourcesView(settings, default_codec())
+    try:
+        assert view.caught_up(60)
+        return {"latest": view.state.latest_id,
+                "by_id": {k: v.model_dump() for k, v in view.state.by_id.items()}}
+    finally:
+        view.close()
+
+
+def _wait_health(settings: Settings, role: str, done: Callable[[dict[str, Any]], bool], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    info: dict[str, Any] | None = None
+    while time.monotonic() < deadline:
+        info = health.read(settings.data_dir, role)
+        if info is not None and done(info):
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"{role} did not get there in {timeout:.0f}s: {info}")
+
+
+def test_every_input_topic_redelivered_shuffled_changes_nothing(settings: Settings,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS_DIR, os.environ.get("PYTHONPATH", "")]))
+    topics = Topics(settings.topic_prefix)
+    dsn = settings.resolved_clickhouse_dsn
+    # Every column but the insert time and, for lifecycle events, the offset the row was read at (a copy's).
+    tables = {"spans": "ingested_ns", "rollout_events": "(ingested_ns, kafka_offset)", "triplets": "ingested_ns"}
+    with Stack(settings) as stack:
+        for role in ("lifecycle", "span-sink", "triplets"):
+            stack.start(role, "process", role)
+        stack.start("runner", "runner", "--agent", "fault_agents:llm_call_agent", "--concurrency", "2")
+        stack.wait_ready("lifecycle", "lifecycle")
+        stack.wait_ready("span-sink", "span-sink", key="inserted")
+        stack.wait_ready("triplets", "triplets")
+        events = EventProducer(settings, role="test")
+        factory = EventFactory(role="publisher")
+        for version in range(2):  # two publications of one resources id, then another id
+            for rid in ("rs-a", "rs-b")[: 1 + version]:
+                events.send(topics.resources, ResourcesPublished(
+                    **factory.stamp(), resources_id=rid, version=version + 1, create_time=time.time(), update_time=time.time(),
+                    resources={"llm": NamedResourceRecord(resource_type="llm", endpoint=f"http://x/{version}",
+                                                          model="m")}))
+        events.flush()
+        d = Driver(settings)
+        try:
+            rids = [d.enqueue({"q": i % 2}) for i in range(4)]
+            _wait_all(d, rids)
+            codec = default_codec()
+
+            def triplet_ids() -> list[str]:
+                return [codec.decode_as(m.value(), TripletEmitted).meta.event_id for m in read_to_end(settings, topics.triplets)]
+
+            deadline = time.monotonic() + 90
+            while len(triplet_ids()) < len(rids) and time.monotonic() < deadline:
+                time.sleep(0.3)
+            before_triplets = triplet_ids()
+            assert len(before_triplets) == len(rids)
+            records = {role: list(read_to_end(settings, topics.name(role)))
+                       for role in ("rollout-events", "spans", "triplets", "resources")}
+            n = {role: len(msgs) for role, msgs in records.items()}
+            _wait_health(settings, "span-sink", lambda h: (h["inserted"], h["events"], h["triplets"]) ==
+                         (n["spans"], n["rollout-events"], n["triplets"]))
+            before_state = {r: s.model_dump() for r, s in d.view.catch_up().items()}
+            before_rows = {t: query(dsn, f"SELECT * EXCEPT {x} FROM {t} FINAL ORDER BY ALL").rows for t, x in tables.items()}
+            before_resources = _resources(settings)
+            sink0 = health.read(settings.data_dir, "span-sink") or {}
+            trip0 = health.read(settings.data_dir, "triplets") or {}
+            life0 = health.read(settings.data_dir, "lifecycle") or {}
+
+            # Redeliver: exact copies (key, value, headers, partition) of every record, shuffled across topics.
+            copies = [(topics.name(role), m) for role, msgs in records.items() for m in msgs]
+            random.Random(11).shuffle(copies)
+            raw = producer(settings)
+            for topic, m in copies:
+                raw.produce(topic, key=m.key(), value=m.value(), headers=m.headers(), partition=m.partition())
+            raw.flush(30)
+
+            _wait_health(settings, "lifecycle", lambda h: h["duplicates"] >= life0["duplicates"] + n["rollout-events"])
+            _wait_health(settings, "span-sink", lambda h: h["inserted"] >= sink0["inserted"] + n["spans"]
+                         and h["events"] >= sink0["events"] + n["rollout-events"]
+                         and h["triplets"] >= sink0["triplets"] + n["triplets"])
+            _wait_health(settings, "triplets", lambda h: h["late_spans"] >= trip0["late_spans"] + n["spans"])
+            after_state = {r: s.model_dump() for r, s in d.view.catch_up().items()}
+        finally:
+            d.close()
+            events.close()
+        assert life0["applied"] == (health.read(settings.data_dir, "lifecycle") or {})["applied"]  # nothing re-applied
+        assert after_state == before_state
+        _, differences = verify(settings, wait_s=60)
+        assert differences == []
+        assert {t: query(dsn, f"SELECT * EXCEPT {x} FROM {t} FINAL ORDER BY ALL").rows for t, x in tables.items()} == before_rows
+        after_triplets = triplet_ids()  # the originals and their injected copies; the processor made none
+        assert len(after_triplets) == 2 * len(before_triplets) and set(after_triplets) == set(before_triplets)
+        assert _resources(settings) == before_resources  # what a runner's resources view folds to
+        assert all(p.alive() for p in stack.roles.values())
 
 
 @pytest.fixture
