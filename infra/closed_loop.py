@@ -30,6 +30,7 @@ from litstream.workers.client import enqueue_rollout
 from litstream.workers.producer import EventProducer
 
 from . import clickhouse, health
+from .demo import spans_emitted_and_stored
 from .kafka import read_to_end
 from .settings import Settings
 from .stack import Stack
@@ -113,18 +114,10 @@ def run_closed_loop(settings: Settings, cfg: LoopDemoConfig, quiet: bool = False
                 break
             time.sleep(0.3)
 
-        spans_emitted = sum(1 for _ in read_to_end(settings, f"{settings.topic_prefix}.spans"))
+        spans_emitted, in_ch = spans_emitted_and_stored(settings)
         triplet_versions = _triplet_versions(settings)
         triplets = sum(triplet_versions.values())
-        dsn = settings.resolved_clickhouse_dsn
-        in_ch = 0
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # the sink commits batch by batch: wait until it has caught up
-            in_ch = int(clickhouse.query(dsn, "SELECT count() FROM spans FINAL").rows[0][0])
-            if in_ch >= spans_emitted:
-                break
-            time.sleep(0.3)
-        rows = clickhouse.query(dsn, "SELECT resources_id, avg(reward), count() FROM spans FINAL "
+        rows = clickhouse.query(settings.resolved_clickhouse_dsn, "SELECT resources_id, avg(reward), count() FROM spans FINAL "
                                      "WHERE reward IS NOT NULL GROUP BY resources_id").rows
         steps = _trainer_steps(run_dir)
 

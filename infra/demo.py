@@ -93,15 +93,8 @@ def run_demo(settings: Settings, rollouts: int = 12, concurrency: int = 4, timeo
                 time.sleep(0.3)
             snaps = dict(view.snapshots)
 
-        spans_emitted = sum(1 for _ in read_to_end(settings, events.topics.spans))
+        spans_emitted, in_ch = spans_emitted_and_stored(settings)
         dsn = settings.resolved_clickhouse_dsn
-        in_ch = 0
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # the sink commits batch by batch: wait until it has caught up
-            in_ch = int(clickhouse.query(dsn, "SELECT count() FROM spans FINAL").rows[0][0])
-            if in_ch >= spans_emitted:
-                break
-            time.sleep(0.3)
         reward_rows = clickhouse.query(
             dsn, "SELECT rollout_id, any(reward) FROM spans FINAL WHERE reward IS NOT NULL GROUP BY rollout_id").rows
         rewards = {r[0]: r[1] for r in reward_rows}
@@ -116,6 +109,19 @@ def run_demo(settings: Settings, rollouts: int = 12, concurrency: int = 4, timeo
                      "task": f"{s.input['a']} {s.input['op']} {s.input['b']}", "reward": rewards.get(rid)})
     mean = sum(v for v in rewards.values() if v is not None) / len(rewards) if rewards else None
     return DemoResult(rollouts, by_status, spans_emitted, in_ch, mean, time.monotonic() - t0, str(run_dir), rows)
+
+
+def spans_emitted_and_stored(settings: Settings, timeout: float = 60.0) -> tuple[int, int]:
+    """Spans on the topic, and in ClickHouse once the sink has caught up (it commits batch by batch)."""
+    emitted = sum(1 for _ in read_to_end(settings, f"{settings.topic_prefix}.spans"))
+    stored = 0
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stored = int(clickhouse.query(settings.resolved_clickhouse_dsn, "SELECT count() FROM spans FINAL").rows[0][0])
+        if stored >= emitted:
+            break
+        time.sleep(0.3)
+    return emitted, stored
 
 
 def _check_alive(stack: Stack) -> None:
