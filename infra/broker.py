@@ -35,11 +35,14 @@ class EmbeddedBroker:
     """Start/stop one Tansu process. ``storage`` is ``memory://tansu/`` (default) or ``s3://bucket/``."""
 
     def __init__(self, port: int | None = None, storage: str = "memory://tansu/", log_path: Path | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, authentication: bool = False) -> None:
         self.port = port or free_port()
         self.storage = storage
         self.log_path = log_path
         self.env = env
+        # Tansu's --authentication: every client must log in with SASL. (Tansu v0.6.0 offers SCRAM only, and finds
+        # no SCRAM user on memory or s3 storage; see tests/test_security.py.)
+        self.authentication = authentication
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -51,7 +54,7 @@ class EmbeddedBroker:
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(
             [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-             "--storage-engine", self.storage],
+             "--storage-engine", self.storage, *(["--authentication"] if self.authentication else [])],
             stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(self.env or {})}, start_new_session=True,
         )
         deadline = time.monotonic() + timeout
@@ -59,6 +62,12 @@ class EmbeddedBroker:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the embedded broker exited with code {self.proc.returncode}"
                                    + (f"; see {self.log_path}" if self.log_path else ""))
+            if self.authentication:  # no anonymous metadata request: a listening port is the sign of life
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                    if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                        return self
+                time.sleep(0.05)
+                continue
             try:
                 # log_level 0: "connection refused" while it starts is expected, not worth a line
                 AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0}).list_topics(timeout=1.0)
