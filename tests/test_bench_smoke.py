@@ -79,3 +79,22 @@ def test_lifecycle_benchmarks_quick(tmp_path: Path) -> None:
     assert spans["params"]["litstream_s"]["sdk"]["stats"]["dropped_queue_full"] == 0
     rest = [row for what, row in ingest.items() if what.startswith("litstream REST add_span")]
     assert len(rest) == 2 and all(row["note"].startswith("skipped (--no-agl") for row in rest)
+
+
+def test_soak_tiny(tmp_path: Path) -> None:
+    """The soak at a tiny size: every group's lag back to zero, nothing lost, RSS sampled per process, a PNG."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "litstream.bench.soak", "--rollouts", "100", "--runners", "2", "--concurrency", "4",
+         "--partitions", "4", "--in-flight", "100", "--sample-s", "2", "--results-dir", str(tmp_path)],
+        check=False, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    files = list(tmp_path.glob("soak-*.json"))
+    assert len(files) == 1 and list(tmp_path.glob("soak-*.png")), proc.stdout[-3000:]
+    params = json.loads(files[0].read_text())["params"]
+    assert not any(params["lost"].values()), params["lost"]
+    assert all(v == 0 for per in params["final_lag"].values() for v in per.values()), params["final_lag"]
+    assert set(params["final_lag"]) == {"lifecycle", "span-sink", "triplets", "runners"}
+    processes = {m["process"] for m in params["memory"]}
+    assert {"broker", "lifecycle", "span-sink", "triplets", "runner-0", "runner-1"} <= processes
+    assert all(m["peak_mb"] > 0 for m in params["memory"])
