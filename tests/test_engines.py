@@ -156,11 +156,16 @@ def test_vllm_engine_requests_and_hot_swap_sequence(stand_in: str, tmp_path: Pat
     eng.generate([[257, 97]] * 3, 4, seed=10)  # seeded: one request per prompt, distinct seeds
     assert sorted(b["seed"] for _, b in _StandIn.calls) == [10, 11, 12]
     _StandIn.calls.clear()
+    (tmp_path / "model.safetensors").write_bytes(b"")
     eng.apply_version(3, tmp_path)
-    assert [c[0] for c in _StandIn.calls] == ["/pause", "/collective_rpc", "/reset_prefix_cache",
+    assert [c[0] for c in _StandIn.calls] == ["/pause?mode=wait", "/collective_rpc", "/reset_prefix_cache",
                                               "/update_weight_version", "/resume"]
     assert _StandIn.calls[1][1] == {"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path.resolve())}}
     assert _StandIn.calls[3][1] == {"new_version": "3"} and eng.version == 3
+    _StandIn.calls.clear()
+    with pytest.raises(FileNotFoundError):  # a failed reload would kill a real server's engine: checked first
+        eng.apply_version(4, tmp_path / "missing")
+    assert _StandIn.calls == [] and eng.version == 3
 
 
 def test_engine_for_resource(tmp_path: Path) -> None:
@@ -184,31 +189,63 @@ def _vllm_python() -> str | None:
     return "python" if importlib.util.find_spec("vllm") is not None else None
 
 
-@pytest.mark.slow
+@pytest.mark.slow(enabled_by="LITSTREAM_VLLM_PYTHON", if_importable="vllm")
 @pytest.mark.skipif(_vllm_python() is None, reason="vLLM is not installed (set LITSTREAM_VLLM_PYTHON)")
 @pytest.mark.timeout(600)
 def test_real_vllm_matches_torch_and_hot_swaps(tmp_path: Path) -> None:
+    """A real vLLM server on the same checkpoint reports the torch forward pass's log-probs; a hot swap to a new
+    version serves the learner's new weights (log-probs match them again) and reports the version."""
     import sys
+    import time
+    from concurrent.futures import ThreadPoolExecutor
 
     python = _vllm_python()
-    p = build_policy("tiny", seed=0)
+    # head_dim 32 (96 / 3): vLLM's CPU attention takes head sizes 32, 64, 80, 96, ..., not the default 24.
+    p = build_policy("tiny", seed=0, heads=3)
     v0 = save_checkpoint(tmp_path / "ck", p.model, p.tokenizer, version=0)
+
+    def max_diff(model: Any, gens: list[Any]) -> float:
+        batch = pack([g.prompt_token_ids for g in gens], [g.token_ids for g in gens], p.tokenizer.pad_id)
+        with torch.no_grad():
+            logp, _ = response_logprobs(model, batch)
+        return max(abs(a - b) for i, g in enumerate(gens)
+                   for a, b in zip(logp[i, : len(g.token_ids)].tolist(), g.logprobs, strict=True))
+
     with start_vllm_server(v0, python=sys.executable if python == "python" else python,
                            log_path=tmp_path / "vllm.log", max_model_len=256) as server:
         eng = server.engine()
+        assert eng.version == 0 and eng.weight_info() == {"weight_version": "0"}
         gens = eng.generate(PROMPTS, 6, seed=1)
-        batch = pack([g.prompt_token_ids for g in gens], [g.token_ids for g in gens], p.tokenizer.pad_id)
-        with torch.no_grad():
-            logp, _ = response_logprobs(p.model, batch)
-        for b, g in enumerate(gens):
-            assert logp[b, : len(g.token_ids)].tolist() == pytest.approx(g.logprobs, abs=1e-3)
+        assert [g.prompt_token_ids for g in gens] == PROMPTS
+        assert all(1 <= len(g.token_ids) == len(g.logprobs) <= 6 for g in gens)
+        assert all(g.finish_reason in ("stop", "length") for g in gens)
+        assert [g.token_ids for g in eng.generate(PROMPTS, 6, seed=1)] == [g.token_ids for g in gens]
+        unseeded = eng.generate(PROMPTS, 6, temperature=0.7, top_p=0.9)  # one batched request
+        assert [len(g.token_ids) for g in unseeded] and [g.prompt_token_ids for g in unseeded] == PROMPTS
+        diff0 = max(max_diff(p.model, gens), max_diff(p.model, unseeded))
+        assert diff0 < 1e-4
+
         learner = GrpoLearner(p.model, p.tokenizer, LearnerConfig(lr=5e-2))
         learner.step([[Sample(f"r{i}", "a", 0, "g", 0, tuple(g.prompt_token_ids), tuple(g.token_ids),
                               tuple(g.logprobs), float(i)) for i, g in enumerate(gens)]])
-        eng.apply_version(1, learner.save(tmp_path / "ck"))
+        v1 = learner.save(tmp_path / "ck")
+        reload_s = eng.apply_version(1, v1)
+        assert eng.version == 1 and eng.weight_info() == {"weight_version": "1"}
         after = eng.generate(PROMPTS, 6, seed=1)
-        batch = pack([g.prompt_token_ids for g in after], [g.token_ids for g in after], p.tokenizer.pad_id)
-        with torch.no_grad():
-            logp, _ = response_logprobs(learner.model, batch)
-        for b, g in enumerate(after):
-            assert logp[b, : len(g.token_ids)].tolist() == pytest.approx(g.logprobs, abs=1e-3)
+        assert [g.logprobs for g in after] != [g.logprobs for g in gens]
+        diff1 = max_diff(learner.model, after)
+        assert diff1 < 1e-4
+
+        # A swap while generations are in flight (pause_mode "wait"): they finish on the old weights, none is
+        # cut short ("abort" is what pause_mode="abort" would give them).
+        in_flight = ThreadPoolExecutor(1).submit(eng.generate, [PROMPTS[0]] * 16, 240)
+        time.sleep(0.3)
+        eng.apply_version(2, v1)  # the same weights under a new version number
+        for g in in_flight.result(timeout=300):
+            assert g.finish_reason == "stop" or (g.finish_reason == "length" and len(g.token_ids) == 240)
+        assert eng.weight_info() == {"weight_version": "2"}
+        via_resource = engine_for_resource(LLM(endpoint=server.base_url, model=server.model), version=2)
+        assert isinstance(via_resource, VllmEngine)
+        assert via_resource.generate(PROMPTS, 4, seed=3)[0].token_ids == eng.generate(PROMPTS, 4, seed=3)[0].token_ids
+        print(f"\nvLLM server start {server.start_seconds:.1f} s, reload {reload_s * 1000:.0f} ms, "
+              f"max |logprob diff| v0 {diff0:.2e}, v1 {diff1:.2e}")

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +38,7 @@ class Generation:
     token_ids: list[int]
     logprobs: list[float]
     text: str
-    finish_reason: str  # "stop" (eos) | "length"
+    finish_reason: str  # "stop" (eos) | "length" (| "abort": a vLLM request cut short)
 
 
 @runtime_checkable
@@ -153,10 +155,14 @@ class VllmEngine:
     Hot-swapping weights needs the server started with ``VLLM_SERVER_DEV_MODE=1`` (it exposes ``/pause``,
     ``/collective_rpc``, ``/reset_prefix_cache``, ``/update_weight_version``, ``/resume``), and a checkpoint
     directory the server can read (same filesystem) with untied embeddings.
+
+    ``pause_mode`` is what a swap does to generations in flight: ``"wait"`` (default) lets them finish on the old
+    weights, so every response comes from one version; ``"abort"`` cuts them short (finish_reason ``"abort"``);
+    ``"keep"`` freezes them and continues them on the new weights (responses that mix two versions).
     """
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None, version: int = 0,
-                 timeout: float = 300.0, max_parallel: int = 8) -> None:
+                 timeout: float = 300.0, max_parallel: int = 8, pause_mode: str = "wait") -> None:
         root = base_url.rstrip("/")
         self.root = root.removesuffix("/v1")
         self.model = model
@@ -164,6 +170,9 @@ class VllmEngine:
         self._version = version
         self.timeout = timeout
         self.max_parallel = max_parallel
+        if pause_mode not in ("wait", "abort", "keep"):
+            raise ValueError(f"pause_mode must be wait | abort | keep, not {pause_mode!r}")
+        self.pause_mode = pause_mode
 
     @property
     def version(self) -> int:
@@ -182,6 +191,14 @@ class VllmEngine:
             raise RuntimeError(f"POST {path}: HTTP {exc.code}: {exc.read()[:500]!r}") from None
         return json.loads(raw) if raw.strip() else None
 
+    def _get(self, path: str) -> Any:
+        req = urllib.request.Request(self.root + path)
+        if self.api_key:
+            req.add_header("Authorization", f"Bearer {self.api_key}")
+        with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            raw = resp.read()
+        return json.loads(raw) if raw.strip() else None
+
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, seed: int | None = None) -> list[Generation]:
         if not prompts:
@@ -197,9 +214,11 @@ class VllmEngine:
 
     def _complete(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
                   seed: int | None) -> list[Generation]:
+        # logprobs 0: only the sampled token's log-prob. return_token_ids (vLLM >= 0.10.2) puts the ids in
+        # choice["token_ids"]; return_tokens_as_token_ids makes older servers spell them "token_id:N".
         body: dict[str, Any] = {
             "model": self.model, "prompt": prompts, "max_tokens": max_new_tokens, "temperature": temperature,
-            "top_p": top_p, "logprobs": 1, "return_tokens_as_token_ids": True, "return_token_ids": True,
+            "top_p": top_p, "logprobs": 0, "return_tokens_as_token_ids": True, "return_token_ids": True,
             "skip_special_tokens": False,
         }
         if seed is not None:
@@ -214,29 +233,44 @@ class VllmEngine:
         return [g for g in out if g is not None]
 
     def apply_version(self, version: int, checkpoint_dir: str | Path) -> float:
+        path = Path(checkpoint_dir).resolve()
+        # vLLM reads a path that is not a local directory as a hub repo id, and a failed reload_weights kills the
+        # server's engine: check the directory here first (on a remote server it must exist at the same path).
+        if _is_local(self.root) and not (path.is_dir() and any(path.glob("*.safetensors"))):
+            raise FileNotFoundError(f"no *.safetensors checkpoint in {path}")
         t0 = time.perf_counter()
-        self._post("/pause")
+        self._post(f"/pause?mode={self.pause_mode}")
         try:
-            self._post("/collective_rpc", {"method": "reload_weights",
-                                           "kwargs": {"weights_path": str(Path(checkpoint_dir).resolve())}})
+            self._post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
             self._post("/reset_prefix_cache")  # cached KV blocks were computed by the old weights
             self._post("/update_weight_version", {"new_version": str(version)})
-        finally:
-            self._post("/resume")
+        except BaseException:
+            try:
+                self._post("/resume")
+            except Exception:  # the reload's error is the one to report
+                pass
+            raise
+        self._post("/resume")
         self._version = version
         return time.perf_counter() - t0
 
     def weight_info(self) -> Any:
-        with urllib.request.urlopen(self.root + "/weight_info", timeout=self.timeout) as resp:
-            return json.loads(resp.read())
+        """The server's ``/weight_info``: ``{"weight_version": "<version>"}`` ("default" before any swap)."""
+        return self._get("/weight_info")
 
     def close(self) -> None:
         pass
 
 
+def _is_local(url: str) -> bool:
+    host = urllib.parse.urlsplit(url).hostname or ""
+    return host in ("127.0.0.1", "localhost", "::1")
+
+
 def parse_choice(choice: dict[str, Any], prompt: list[int]) -> Generation:
     """One completion choice into a Generation: token ids from ``token_ids`` (newer vLLM, ``return_token_ids``)
-    or from ``token_id:N`` strings (``return_tokens_as_token_ids``), log-probs from ``token_logprobs``."""
+    or from ``token_id:N`` strings (``return_tokens_as_token_ids``), log-probs from ``token_logprobs``. A finish
+    reason other than stop / length (e.g. "abort") is passed through."""
     lp = choice.get("logprobs") or {}
     strs = lp.get("tokens") or []
     logprobs = [float(x) if x is not None else 0.0 for x in (lp.get("token_logprobs") or [])]
@@ -257,9 +291,11 @@ class VllmServer:
     base_url: str  # ends with /v1
     model: str
     log_path: Path
+    version: int = 0  # the weight version the server reports at start
+    start_seconds: float = 0.0  # launch to first answered completion
 
-    def engine(self, version: int = 0) -> VllmEngine:
-        return VllmEngine(self.base_url, self.model, version=version)
+    def engine(self, version: int | None = None, **kwargs: Any) -> VllmEngine:
+        return VllmEngine(self.base_url, self.model, version=self.version if version is None else version, **kwargs)
 
     def stop(self, timeout: float = 30.0) -> None:
         if self.process.poll() is None:
@@ -279,9 +315,13 @@ class VllmServer:
 
 def vllm_server_command(model_dir: str | Path, port: int, served_name: str, python: str | None = None,
                         max_model_len: int | None = None, extra_args: Sequence[str] = ()) -> list[str]:
+    """The server's command line. ``python -m vllm.entrypoints.openai.api_server`` rather than the ``vllm``
+    script (which fails on the CPU build); float32 and eager mode (no compile step) on CPU; ``--generation-config
+    vllm`` so a ``generation_config.json`` in the checkpoint does not change sampling defaults behind the
+    requests' back."""
     cmd = [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
-           "--dtype", "float32", "--enforce-eager"]
+           "--dtype", "float32", "--enforce-eager", "--generation-config", "vllm"]
     if max_model_len is not None:
         cmd += ["--max-model-len", str(max_model_len)]
     return cmd + list(extra_args)
@@ -298,28 +338,57 @@ def vllm_server_env(base: dict[str, str] | None = None) -> dict[str, str]:
 
 def start_vllm_server(model_dir: str | Path, served_name: str = "policy", port: int | None = None,
                       python: str | None = None, log_path: str | Path | None = None, ready_timeout: float = 300.0,
-                      max_model_len: int | None = None, extra_args: Sequence[str] = ()) -> VllmServer:
-    """Starts ``vllm.entrypoints.openai.api_server`` on CPU for ``model_dir`` and waits until it serves."""
+                      max_model_len: int | None = None, extra_args: Sequence[str] = (),
+                      version: int | None = None) -> VllmServer:
+    """Starts ``vllm.entrypoints.openai.api_server`` on CPU for ``model_dir``, waits until it answers a
+    completion, and sets its weight version to ``version`` (default: the checkpoint's ``trainer_state.json``
+    version, else 0). ``python`` is the interpreter that has vLLM (e.g. a separate virtualenv's)."""
+    if version is None:
+        state = Path(model_dir) / "trainer_state.json"
+        version = int(json.loads(state.read_text())["version"]) if state.exists() else 0
     port = port or _free_port()
     log = Path(log_path) if log_path else Path(model_dir).parent / f"vllm-{port}.log"
     cmd = vllm_server_command(model_dir, port, served_name, python, max_model_len, extra_args)
+    t0 = time.perf_counter()
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=vllm_server_env())
-    server = VllmServer(process=proc, base_url=f"http://127.0.0.1:{port}/v1", model=served_name, log_path=log)
-    deadline = time.monotonic() + ready_timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = log.read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"vLLM exited with {proc.returncode}:\n{tail}")
+    server = VllmServer(process=proc, base_url=f"http://127.0.0.1:{port}/v1", model=served_name, log_path=log,
+                        version=version)
+
+    def failed(why: str) -> RuntimeError:
+        text = log.read_text(errors="replace")
+        # The root cause is an exception line deep in the workers' tracebacks, well before the log's end.
+        msgs = (ln.split("] ", 1)[-1] for ln in text.splitlines())
+        causes = list(dict.fromkeys(m for m in msgs if re.match(r"[\w.]*(Error|Exception): ", m)))
+        return RuntimeError(f"{why} (log {log})\n" + "\n".join(causes[-5:]) + "\n...\n" + text[-2000:])
+
+    try:
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            if proc.poll() is not None:
+                raise failed(f"vLLM exited with {proc.returncode}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"vLLM not ready after {ready_timeout} s (log: {log})")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.5)
+        eng = server.engine()
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as resp:
-                if resp.status == 200:
-                    return server
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(0.5)
-    server.stop()
-    raise TimeoutError(f"vLLM not ready after {ready_timeout} s (log: {log})")
+            # The API answers before the engine has run a step: one token shows the model actually runs here
+            # (e.g. vLLM's CPU attention rejects some head sizes only at the first request).
+            eng._complete([[0]], 1, 1.0, 1.0, 0)
+            eng._post("/update_weight_version", {"new_version": str(version)})
+        except (RuntimeError, OSError) as exc:
+            raise failed(f"vLLM started but cannot serve: {exc}") from None
+        server.start_seconds = time.perf_counter() - t0
+        return server
+    except BaseException:
+        server.stop()
+        raise
 
 
 def _free_port() -> int:
