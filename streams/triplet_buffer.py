@@ -15,6 +15,10 @@ from there: the state partition from its beginning up to the committed offset on
 attempts (*warm-up*, spans paused meanwhile), everything after it is live. A re-read span of an attempt that
 ended before the committed offset was finalized before the restart: it is skipped if written before the cut
 (``replayed``), a late span otherwise.
+
+**Orphans.** Spans whose attempt no snapshot has named ``orphan_after_ms`` after its first span (an unknown
+rollout, or an attempt id its rollout never had) would hold the spans commit back forever: such an attempt is let
+go as an orphan (one dead letter, and its later spans are late spans).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class Attempt:
     attempt_id: str
     partition: int
     first_offset: int | None = None
+    first_ts_ms: int | None = None
     spans: dict[str, BufferedSpan] = field(default_factory=dict)
     size: int = 0
     dropped: str | None = None  # why its spans were let go (over a cap); it yields no triplet
@@ -63,7 +68,7 @@ class Attempt:
 
 @dataclass(frozen=True)
 class Notice:
-    """Something to report as a dead letter: ``kind`` is late_span | over_cap | buffer_full."""
+    """Something to report as a dead letter: ``kind`` is late_span | over_cap | buffer_full | orphan."""
 
     kind: str
     reason: str
@@ -79,6 +84,7 @@ class Limits:
     max_bytes_per_attempt: int = 64 << 20
     max_buffer_bytes: int = 512 << 20
     remember_finalized: int = 200_000
+    orphan_after_ms: int = 600_000
 
 
 class Collector:
@@ -86,6 +92,7 @@ class Collector:
         self.limits = limits or Limits()
         self.pending: dict[AttemptKey, Attempt] = {}
         self.ended: dict[int, dict[str, dict[str, int]]] = {}  # partition -> rollout -> attempt -> cut (ms)
+        self.named: dict[int, dict[str, set[str]]] = {}  # partition -> rollout -> attempts its snapshots named
         self.finalized_here: OrderedDict[AttemptKey, None] = OrderedDict()
         self.warm_until: dict[int, int] = {}  # state partition -> first live offset
         self.spans_pos: dict[int, int] = {}
@@ -115,6 +122,8 @@ class Collector:
             attempt = self.pending[key] = Attempt(span.rollout_id, span.attempt_id, partition, first_offset=offset)
         if attempt.first_offset is None:
             attempt.first_offset = offset
+        if attempt.first_ts_ms is None:
+            attempt.first_ts_ms = ts_ms
         if attempt.dropped is not None:
             self.counts["dropped_spans"] += 1
             return []
@@ -146,6 +155,8 @@ class Collector:
         self.state_pos[partition] = offset + 1
         self.counts["snapshots"] += 1
         known = self.ended.setdefault(partition, {}).setdefault(snap.rollout_id, {})
+        self.named.setdefault(partition, {}).setdefault(snap.rollout_id, set()).update(
+            a.attempt_id for a in snap.attempts)
         live = offset >= self.warm_until.get(partition, 0)
         for a in snap.attempts:
             if a.attempt_id in known or not (a.status in ENDED or snap.status in FINISHED):
@@ -177,6 +188,18 @@ class Collector:
             out.append(a)
         return out
 
+    def orphans(self, now_ms: int) -> list[Attempt]:
+        """Attempts with spans that no snapshot named within ``orphan_after_ms`` of their first span."""
+        out = []
+        for a in self.pending.values():
+            if a.state_offset is not None or a.first_ts_ms is None:
+                continue
+            if now_ms - a.first_ts_ms < self.limits.orphan_after_ms:
+                continue
+            if a.attempt_id not in self.named.get(a.partition, {}).get(a.rollout_id, set()):
+                out.append(a)
+        return out
+
     def finalized(self, attempt: Attempt) -> None:
         self.pending.pop(attempt.key, None)
         self.buffer_bytes -= attempt.size
@@ -200,7 +223,8 @@ class Collector:
         for key in [k for k, a in self.pending.items() if a.partition in partitions]:
             self.buffer_bytes -= self.pending.pop(key).size
         for p in partitions:
-            for table in (self.ended, self.warm_until, self.spans_pos, self.state_pos, self.newest_span_ms):
+            for table in (self.ended, self.named, self.warm_until, self.spans_pos, self.state_pos,
+                          self.newest_span_ms):
                 table.pop(p, None)
 
     @property

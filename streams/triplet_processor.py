@@ -73,8 +73,9 @@ class TripletProcessor:
         self.poll_s = poll_s
         self.stop_event = threading.Event()
         self.stats: dict[str, Any] = {"triplets": 0, "attempts": 0, "no_triplet": 0, "no_triplet_by_reason": {},
-                                      "late_spans": 0, "over_cap": 0, "buffer_full": 0, "decode_errors": 0,
-                                      "dead_letters": 0, "commits": 0}
+                                      "late_spans": 0, "over_cap": 0, "buffer_full": 0, "orphan": 0,
+                                      "decode_errors": 0, "dead_letters": 0, "commits": 0}
+        self._orphans_checked_ms = 0
         self.events = EventProducer(settings, role=ROLE)
         self._consumer: Consumer = consumer(settings, group_id=f"{settings.topic_prefix}-{ROLE}", **{
             "enable.partition.eof": True,
@@ -183,6 +184,14 @@ class TripletProcessor:
         for partition in sorted({a.partition for a in self.collector.pending.values()}):
             for attempt in self.collector.ready(partition, now_ms, partition in ends):
                 self._finalize(attempt)
+                self._dirty = True
+        if now_ms - self._orphans_checked_ms >= 5000:
+            self._orphans_checked_ms = now_ms
+            for attempt in self.collector.orphans(now_ms):
+                limit_s = self.collector.limits.orphan_after_ms / 1000
+                self._notice(Notice("orphan", f"spans of an attempt no rollout snapshot named within {limit_s:.0f}s "
+                                              "(unknown rollout or attempt id): let go", attempt))
+                self.collector.finalized(attempt)
                 self._dirty = True
 
     def _finalize(self, attempt: Attempt) -> None:

@@ -59,3 +59,19 @@ def test_caps_let_an_attempt_go_with_one_notice() -> None:
     c.add_span(0, 4, 1, span("r", "b", 4), b"x" * 20)
     [full] = c.add_span(0, 5, 1, span("r", "c", 5), b"x" * 10)
     assert full.kind == "buffer_full" and full.attempt.attempt_id == "b"
+
+
+def test_spans_no_snapshot_ever_names_are_let_go_as_orphans() -> None:
+    c = Collector(Limits(orphan_after_ms=1000))
+    c.add_span(0, 0, 100, span("r-ghost", "a", 0), b"x")  # a rollout that never existed
+    c.add_span(0, 1, 100, span("r", "a-bogus", 1), b"x")  # a real rollout, an attempt id it never had
+    c.add_span(0, 2, 100, span("r", "a", 2), b"x")  # a real, running attempt
+    running = RolloutSnapshot(rollout_id="r", version=2, input=None, start_time=0.0, status="running",
+                              updated_ns=0, attempts=[AttemptSnapshot(attempt_id="a", sequence_id=1, start_time=0.0,
+                                                                      status="running")])
+    c.add_snapshot(0, 0, 150, running)
+    assert c.orphans(now_ms=1000) == []  # not yet: its snapshot may still be on its way
+    assert {a.key for a in c.orphans(now_ms=1200)} == {("r-ghost", "a"), ("r", "a-bogus")}
+    for a in c.orphans(now_ms=1200):
+        c.finalized(a)
+    assert c.commit_points()[0] == {0: 2}  # the running attempt alone holds the commit now
