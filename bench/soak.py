@@ -23,8 +23,10 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -57,6 +59,8 @@ AGENT = "litstream.bench.soak:soak_agent"
 # This process's own consumers fetch at most every 0.5 s: the embedded broker answers a fetch only when its wait is
 # over, so a consumer with the local profile's 10 ms wait costs it ~100 requests/s even when idle.
 QUIET_FETCH_WAIT_MS = 500
+# SIGUSR1 ends the soak early: no more rollouts are enqueued, the ones enqueued finish, and the checks run on them.
+STOP_EARLY = threading.Event()
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,7 @@ class Sizes:
 # request carries one batch per partition, so its rate grows with the partition count (4: ~11 rollouts/s, 16: ~33-45
 # on this machine's 2 shared cores).
 FULL = Sizes(rollouts=100_000, spans=10, runners=4, concurrency=8, partitions=16)
-DEFAULT = Sizes(rollouts=5_000, spans=10, runners=4, concurrency=8, partitions=16)  # `python -m litstream.bench --only soak`: a smoke run of a few minutes
+DEFAULT = Sizes(rollouts=1_000, spans=10, runners=4, concurrency=8, partitions=16)  # `python -m litstream.bench`: a smoke run
 QUICK = Sizes(rollouts=300, spans=10, runners=2, concurrency=4, partitions=4, in_flight=300, sample_s=2.0,
               stall_s=120.0, settle_s=120.0)
 
@@ -285,6 +289,7 @@ class SoakResult:
     final_lag: dict[str, dict[str, int]] = field(default_factory=dict)
     settle_lag_s: float = 0.0
     plot: str | None = None
+    rollouts: int = 0  # driven through: sizes.rollouts, or fewer if stopped early (SIGUSR1)
 
 
 def _groups(topics: Topics, prefix: str) -> dict[str, list[str]]:
@@ -351,7 +356,9 @@ def soak(ctx: Context, sizes: Sizes, results_dir: Path) -> SoakResult:
         watched = sorted({t for ts in groups.values() for t in ts})
         ends = Ends(settings, watched)
         lags = {name: GroupLag(settings, group_ids[name], ts, ends) for name, ts in groups.items()}
-        n = sizes.rollouts
+        n = result.rollouts = sizes.rollouts
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGUSR1, lambda *_: STOP_EARLY.set())
         try:
             ctx.step(f"driving {n:,} rollouts x {sizes.spans} spans, at most {sizes.in_flight:,} in flight")
             start = time.monotonic()
@@ -359,6 +366,9 @@ def soak(ctx: Context, sizes: Sizes, results_dir: Path) -> SoakResult:
             last_progress = start
             enqueued = 0
             while finished.finished < n:
+                if STOP_EARLY.is_set() and n > enqueued:
+                    n = result.rollouts = max(enqueued, 1)
+                    ctx.step(f"stopped early (SIGUSR1): the {n:,} rollouts enqueued so far finish, then the checks")
                 room = min(n - enqueued, sizes.in_flight - (enqueued - finished.finished))
                 for _ in range(max(0, min(room, 500))):
                     ev = enqueue_rollout(events, {"i": enqueued, "spans": sizes.spans}, mode="train")
@@ -479,7 +489,7 @@ def _plot(result: SoakResult, results_dir: Path) -> str | None:
     for name in names:
         ax_rss.plot(ts, [s.rss_mb.get(name, float("nan")) for s in result.samples], label=name)
     ax_rss.set_ylabel("RSS (MiB)")
-    ax_rss.set_title(f"soak: {result.sizes.rollouts:,} rollouts x {result.sizes.spans} spans")
+    ax_rss.set_title(f"soak: {result.rollouts or result.sizes.rollouts:,} rollouts x {result.sizes.spans} spans")
     ax_rss.legend(fontsize=7, ncol=3, loc="upper left")
     ax_rss.grid(alpha=0.3)
     for group in sorted({k for s in result.samples for k in s.lag}):
@@ -511,7 +521,7 @@ def memory_table(result: SoakResult) -> list[dict[str, Any]]:
     samples = [s for s in result.samples if s.rss_mb]
     if not samples:
         return []
-    n = result.sizes.rollouts
+    n = result.rollouts or result.sizes.rollouts
     quarter = next((s for s in samples if s.finished >= n // 4), samples[0])
     last = samples[-1]
     rows = []
@@ -529,7 +539,7 @@ def memory_table(result: SoakResult) -> list[dict[str, Any]]:
 def to_report(result: SoakResult) -> Report:
     sz = result.sizes
     c = result.checks
-    n = sz.rollouts
+    n = result.rollouts or sz.rollouts
     spans = n * sz.spans
     roll_s = result.phases_s.get("rollouts", 0.0)
     total_s = result.phases_s.get("total", 0.0)
@@ -568,7 +578,7 @@ def to_report(result: SoakResult) -> Report:
                                                     f"final {m['final_mb']:,.0f}; "
                                                     f"{m['mb_per_1k_rollouts']:+.2f} MiB per 1k rollouts after 25%; "
                                                     f"CPU {m['cpu_s']:,.0f} s ({m['cpu_share']:.2f} cores)"))
-    params = {"sizes": asdict(sz), "phases_s": result.phases_s, "checks": c, "lost": lost,
+    params = {"sizes": asdict(sz), "rollouts": n, "stopped_early": n < sz.rollouts, "phases_s": result.phases_s, "checks": c, "lost": lost,
               "final_lag": result.final_lag, "settle_lag_s": result.settle_lag_s, "memory": memory_table(result),
               "plot": result.plot, "samples": [asdict(s) for s in result.samples],
               "rss_source": "psutil" if _has_psutil() else "/proc/<pid>/status VmRSS"}
