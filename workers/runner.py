@@ -15,10 +15,10 @@ import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import KafkaError, Message, TopicPartition
 
 from litstream.infra import health
-from litstream.infra.kafka import consumer
+from litstream.infra.kafka import consumer, poll_batch
 from litstream.infra.settings import Settings
 from litstream.schemas.codec import DecodeError
 from litstream.schemas.events import AttemptStarted, RolloutOffered
@@ -61,21 +61,30 @@ class Runner:
         self._inflight: set[Future[None]] = set()
 
     def run(self, max_rollouts: int | None = None) -> None:
-        """Serve offers until stopped (or ``max_rollouts`` attempts were claimed); then drain in-flight attempts."""
+        """Serve offers until stopped (or ``max_rollouts`` attempts were claimed); then drain in-flight attempts.
+
+        Offers are taken a batch at a time, as many as there are free slots: their claims go out together, are made
+        durable with one flush, and the offers are committed with one commit; each slot then waits for its own
+        claim's outcome. So the round trip through the lifecycle processor overlaps across slots instead of
+        adding up offer after offer."""
         c = consumer(self.settings, group_id=f"{self.settings.topic_prefix}-runners",
                      **{"max.poll.interval.ms": 600_000})
         c.subscribe([self.events.topics.offers])
         paused = False
         last_beat = 0.0
+        sent = 0
         try:
             while not self.stop_event.is_set():
-                if max_rollouts is not None and self.stats["claimed"] >= max_rollouts:
+                if max_rollouts is not None and sent >= max_rollouts:
                     break
                 if time.monotonic() - last_beat > 2.0:
                     health.beat(self.settings.data_dir, ROLE, **self.stats)
                     last_beat = time.monotonic()
+                limit = self.concurrency if max_rollouts is None else min(self.concurrency, max_rollouts - sent)
+                free = 0
+                while free < limit and self._slots.acquire(blocking=False):
+                    free += 1
                 # Back-pressure: with every slot busy, pause fetching but keep polling (group membership).
-                free = self._slots.acquire(blocking=False)
                 if not free:
                     if not paused and c.assignment():
                         c.pause(c.assignment())
@@ -85,17 +94,22 @@ class Runner:
                 if paused:
                     c.resume(c.assignment())
                     paused = False
-                msg = c.poll(0.5)
-                if msg is None or (msg.error() and msg.error().code() == KafkaError._PARTITION_EOF):
-                    self._slots.release()
-                    continue
-                if msg.error():
-                    log.warning("offers consumer: %s", msg.error())
-                    self._slots.release()
-                    continue
-                started = self._claim(msg.value(), msg.topic(), msg.partition(), msg.offset(), msg.key())
-                c.commit(offsets=[TopicPartition(msg.topic(), msg.partition(), msg.offset() + 1)], asynchronous=False)
-                if started is None:
+                offers = [m for m in poll_batch(c, 0.5, free) if _is_record(m)]
+                claims = [self._send_claim(m.value(), m.topic(), m.partition(), m.offset(), m.key()) for m in offers]
+                if offers:
+                    self.events.flush()  # the claims are durable before their offers are committed
+                    ends: dict[tuple[str, int], int] = {}
+                    for m in offers:
+                        key = (str(m.topic()), int(m.partition() or 0))
+                        ends[key] = max(ends.get(key, 0), int(m.offset() or 0) + 1)
+                    c.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in ends.items()], asynchronous=False)
+                started = [cl for cl in claims if cl is not None]
+                sent += len(started)
+                for offer, claim, answer in started:
+                    fut = self._pool.submit(self._claim_then_run, offer, claim, answer)
+                    self._inflight.add(fut)
+                    fut.add_done_callback(self._inflight.discard)
+                for _ in range(free - len(started)):
                     self._slots.release()
         finally:
             self._drain()
@@ -103,20 +117,23 @@ class Runner:
             self.claims.close()
             health.beat(self.settings.data_dir, ROLE, stopped=True, **self.stats)
 
-    def _claim(self, value: bytes | None, topic: str, partition: int, offset: int, key: bytes | None) -> Future[None] | None:
+    def _send_claim(self, value: bytes | None, topic: str, partition: int, offset: int,
+                    key: bytes | None) -> tuple[RolloutOffered, AttemptStarted, Future[Any]] | None:
+        """Claim an offer (not yet flushed); None for an offer that cannot be read (dead-lettered)."""
         try:
             offer = self.events.codec.decode_as(value, RolloutOffered)
         except DecodeError as exc:
             letter = DeadLetter(topic, partition, offset, key, value, exc.reason, ROLE, "decode")
             self.events.produce_raw(letter.topic, key, value, headers=letter.headers())
-            self.events.flush()
             return None
-        attempt_id = new_attempt_id()
-        claim = AttemptStarted(meta=self.events.factory.meta(offer.rollout_id), attempt_id=attempt_id,
+        claim = AttemptStarted(meta=self.events.factory.meta(offer.rollout_id), attempt_id=new_attempt_id(),
                                sequence_id=offer.attempt_sequence, start_time=time.time(), worker_id=self.worker_id)
         answer = self.claims.expect(claim.meta.event_id)
         self.events.send(self.events.topics.rollout_events, claim)
-        self.events.flush()  # the claim is durable before the offer is committed
+        return offer, claim, answer
+
+    def _claim_then_run(self, offer: RolloutOffered, claim: AttemptStarted, answer: Future[Any]) -> None:
+        """In a slot: wait for the claim's outcome, then run the attempt if the claim won."""
         first_seq = 1
         try:
             outcome = answer.result(timeout=self.claim_wait_s)
@@ -134,14 +151,12 @@ class Runner:
             log.info("claim of %s (attempt %d) lost: %s", offer.rollout_id, offer.attempt_sequence, reason)
             with self._stats_lock:
                 self.stats["claims_lost"] += 1
-            return None
+            self._slots.release()
+            return
         with self._stats_lock:
             self.stats["claimed"] += 1
         assert isinstance(rollout, AttemptedRollout)
-        fut = self._pool.submit(self._run_attempt, rollout, first_seq)
-        self._inflight.add(fut)
-        fut.add_done_callback(self._inflight.discard)
-        return fut
+        self._run_attempt(rollout, first_seq)
 
     def _resources_for(self, rollout: AttemptedRollout) -> tuple[str | None, NamedResources]:
         state = self.resources.state
@@ -194,6 +209,13 @@ class Runner:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.events.flush()
         self.resources.close()
+
+
+def _is_record(msg: Message) -> bool:
+    err = msg.error()
+    if err is not None and err.code() != KafkaError._PARTITION_EOF:
+        log.warning("offers consumer: %s", err)
+    return err is None
 
 
 def _rollout_from_offer(offer: RolloutOffered, claim: AttemptStarted) -> AttemptedRollout:
