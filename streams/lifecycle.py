@@ -143,6 +143,8 @@ class LifecycleProcessor:
             return
         if outcome.duplicate:
             self.stats["duplicates"] += 1
+            if state is not None:
+                await self._resend_effects(event, state)
             return
         new = outcome.state
         if new is not None:
@@ -161,6 +163,21 @@ class LifecycleProcessor:
                                    input=new.input, mode=new.mode, resources_id=new.resources_id, config=new.config,
                                    metadata=new.metadata)
             await self.offers_topic.send(key=rid.encode(), value=self.codec.encode(offer))
+
+    async def _resend_effects(self, event: Any, state: RolloutState) -> None:
+        """A redelivered event may have been applied by a worker that died before its effects went out (the
+        table's changelog is written before the snapshot and the offer are sent). Send again what the state implies:
+        the offer of a rollout on offer (claims are version-checked, so a second offer can win nothing twice), and
+        the snapshot when this event was the last one applied (a claimant may be waiting for its outcome)."""
+        if state.status in ("queuing", "requeuing"):
+            offer = RolloutOffered(meta=self.factory.meta(state.rollout_id), attempt_sequence=len(state.attempts) + 1,
+                                   input=state.input, mode=state.mode, resources_id=state.resources_id,
+                                   config=state.config, metadata=state.metadata)
+            await self.offers_topic.send(key=state.rollout_id.encode(), value=self.codec.encode(offer))
+        if state.updated_ns == event.meta.timestamp_ns:
+            reserved = state.next_sequence_id - event.count if isinstance(event, SequenceRequested) else None
+            snapshot = state.snapshot(event.meta, True, None, reserved)
+            await self.state_topic.send(key=state.rollout_id.encode(), value=self.codec.encode(snapshot))
 
     async def _observe_worker(self, event: Any, before: RolloutState | None, after: RolloutState) -> None:
         """Workers are derived from attempts: tell the workers topic when an attempt's status or worker changed."""
