@@ -81,6 +81,7 @@ def test_lifecycle_benchmarks_quick(tmp_path: Path) -> None:
     assert len(rest) == 2 and all(row["note"].startswith("skipped (--no-agl") for row in rest)
 
 
+@pytest.mark.slow  # 1.5 minutes; the soak is a benchmark, run on its own
 def test_soak_tiny(tmp_path: Path) -> None:
     """The soak at a tiny size: every group's lag back to zero, nothing lost, RSS sampled per process, a PNG."""
     proc = subprocess.run(

@@ -183,6 +183,7 @@ def s3_endpoint(tmp_path: Path) -> Iterator[str]:
         proc.wait(10)
 
 
+@pytest.mark.slow  # minutes: every fetch of the broker lists objects on the loopback S3 server
 def test_broker_restart_on_durable_storage_loses_nothing(s3_endpoint: str, tmp_path: Path) -> None:
     env = {"AWS_ENDPOINT": s3_endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
            "AWS_DEFAULT_REGION": "eu-west-2", "AWS_ALLOW_HTTP": "true"}

@@ -27,7 +27,7 @@ from litstream.infra.broker import free_port
 from litstream.infra.kafka import headers_dict, producer, read_to_end
 from litstream.infra.settings import Settings
 from litstream.infra.stack import Stack
-from litstream.infra.topics import Topics
+from litstream.infra.topics import CATALOGUE, Topics
 from litstream.schemas.codec import default_codec
 from litstream.schemas.events import (
     AttemptStarted,
@@ -122,6 +122,11 @@ def everything(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[
         yield stack, f"http://127.0.0.1:{port}"
 
 
+def _partitions(role: str, settings: Settings) -> int:
+    spec = next(t for t in CATALOGUE if t.name == role)
+    return spec.partitions or settings.partitions
+
+
 def _run_rollout(d: Driver, settings: Settings) -> str:
     rid = d.enqueue({"q": "2+2"})
     snap = d.wait(rid, lambda s: s.status in FINISHED, timeout=120)
@@ -138,7 +143,7 @@ def test_bad_messages_on_every_topic_become_dead_letters_and_the_pipeline_goes_o
     sent: dict[str, dict[bytes, str]] = {}  # source topic role -> bad value -> what it is
     for role in TOPIC_RECORDS:
         for what, value in bad_messages(role, rng).items():
-            for partition in range(settings.partitions):  # on every partition, ahead of the good rollouts
+            for partition in range(_partitions(role, settings)):  # on every partition, ahead of the good rollouts
                 value_p = value + bytes([partition]) if what != "wrong record type" else value
                 raw.produce(topics.name(role), key=f"ro-hostile-{partition}".encode(), value=value_p,
                             partition=partition)
