@@ -69,7 +69,7 @@ class Sizes:
     spans: int  # per rollout: root + 1 LLM call + (spans - 3) tool steps + reward
     runners: int = 4  # runner processes (at most `partitions` of them get offers)
     partitions: int = PARTITIONS
-    concurrency: int = 8  # agent slots per runner
+    concurrency: int = 32  # agent slots per runner: each mostly waits on a round trip through the broker
     in_flight: int = 2_000  # enqueued and not yet finished, at most
     sample_s: float = 5.0
     stall_s: float = 300.0  # no rollout finished for this long: fail with the diagnostics
@@ -80,8 +80,8 @@ class Sizes:
 # batch (Faust's producer_max_batch_size=1, the local profile's workaround for exact table recovery), and a produce
 # request carries one batch per partition, so its rate grows with the partition count (4: ~11 rollouts/s, 16: ~33-45
 # on this machine's 2 shared cores).
-FULL = Sizes(rollouts=100_000, spans=10, runners=4, concurrency=8, partitions=16)
-DEFAULT = Sizes(rollouts=1_000, spans=10, runners=4, concurrency=8, partitions=16)  # `python -m litstream.bench`: a smoke run
+FULL = Sizes(rollouts=100_000, spans=10, runners=4, concurrency=32, partitions=16)
+DEFAULT = Sizes(rollouts=1_000, spans=10, runners=4, concurrency=32, partitions=16)  # `python -m litstream.bench`: a smoke run
 QUICK = Sizes(rollouts=300, spans=10, runners=2, concurrency=4, partitions=4, in_flight=300, sample_s=2.0,
               stall_s=120.0, settle_s=120.0)
 

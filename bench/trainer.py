@@ -224,7 +224,7 @@ def loop_rows(ctx: Context, sizes: Sizes) -> tuple[list[Row], dict[str, Any]]:
     per_step = [t + w for t, w in zip(train, wait)]
     samples = sum(s["samples"] for s in steps)
     rows = [
-        Row("closed loop: versions/s", len(steps) / sum(per_step), None, len(steps),
+        Row("closed loop: versions per minute", 60 * len(steps) / sum(per_step), None, len(steps),
             f"median step {statistics.median(train) * 1000:.0f} ms training+save+publish, "
             f"{statistics.median(wait) * 1000:.0f} ms waiting for a window ({share:.0%} of the time waiting)"),
         Row("closed loop: triplets trained/s", samples / sum(per_step), None, samples,
