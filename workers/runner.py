@@ -33,6 +33,7 @@ from .sdk import AttemptContext, attempt_context
 
 log = logging.getLogger("litstream.runner")
 ROLE = "runner"
+CLAIM_ROUNDS = 3  # claims sent at most per offer when no outcome comes back
 
 
 class Runner:
@@ -133,26 +134,49 @@ class Runner:
         return offer, claim, answer
 
     def _claim_then_run(self, offer: RolloutOffered, claim: AttemptStarted, answer: Future[Any]) -> None:
-        """In a slot: wait for the claim's outcome, then run the attempt if the claim won."""
+        """In a slot: wait for the claim's outcome, then run the attempt if the claim won.
+
+        With no outcome in time, the rollout's newest snapshot decides: one of our claims is among its attempts (it
+        won; its outcome went missing), the rollout no longer waits for a claim (lost), or there is no trace of the
+        claim and the rollout still waits (claim again: a claim can be lost with a processor that died before its
+        effects went out). After ``CLAIM_ROUNDS`` rounds with no answer at all, run anyway."""
+        mine = {claim.attempt_id: claim}
+        rollout: AttemptedRollout | None = None
         first_seq = 1
-        try:
-            outcome = answer.result(timeout=self.claim_wait_s)
-            accepted, reason = outcome.last_accepted, outcome.last_reason
-            first_seq = outcome.next_sequence_id  # span ids go on from the rollout's counter, across attempts
-            rollout = rollout_from_snapshot(outcome)
-        except TimeoutError:
-            # No answer (the lifecycle processor is down or far behind): run anyway. If the claim lost, the fold
-            # rejects this attempt's events; if it won, the work is not wasted.
-            self.claims.forget(claim.meta.event_id)
+        for round_ in range(CLAIM_ROUNDS):
+            try:
+                outcome = answer.result(timeout=self.claim_wait_s / CLAIM_ROUNDS)
+            except TimeoutError:
+                self.claims.forget(claim.meta.event_id)
+                outcome = self.claims.snapshots.get(offer.rollout_id)
+                if outcome is None or (outcome.status in ("queuing", "requeuing")
+                                       and not any(a.attempt_id in mine for a in outcome.attempts)):
+                    if round_ == CLAIM_ROUNDS - 1:
+                        break
+                    log.warning("no answer to the claim of %s; claiming again", offer.rollout_id)
+                    claim = AttemptStarted(meta=self.events.factory.meta(offer.rollout_id),
+                                           attempt_id=new_attempt_id(), sequence_id=offer.attempt_sequence,
+                                           start_time=time.time(), worker_id=self.worker_id)
+                    mine[claim.attempt_id] = claim
+                    answer = self.claims.expect(claim.meta.event_id)
+                    self.events.send(self.events.topics.rollout_events, claim)
+                    self.events.flush()
+                    continue
+            won = next((a for a in outcome.attempts if a.attempt_id in mine), None)
+            if won is None or won.attempt_id != outcome.attempts[-1].attempt_id:
+                log.info("claim of %s (attempt %d) lost: %s", offer.rollout_id, offer.attempt_sequence,
+                         outcome.last_reason)
+                with self._stats_lock:
+                    self.stats["claims_lost"] += 1
+                self._slots.release()
+                return
+            rollout, first_seq = rollout_from_snapshot(outcome), outcome.next_sequence_id
+            break
+        if rollout is None:
+            # No answer at all (the lifecycle processor is down or far behind): run anyway. If the claim lost, the
+            # fold rejects this attempt's events; if it won, the work is not wasted.
             log.warning("no answer to the claim of %s within %.0fs; running it", offer.rollout_id, self.claim_wait_s)
-            accepted, reason = True, None
             rollout = _rollout_from_offer(offer, claim)
-        if not accepted:
-            log.info("claim of %s (attempt %d) lost: %s", offer.rollout_id, offer.attempt_sequence, reason)
-            with self._stats_lock:
-                self.stats["claims_lost"] += 1
-            self._slots.release()
-            return
         with self._stats_lock:
             self.stats["claimed"] += 1
         assert isinstance(rollout, AttemptedRollout)
