@@ -32,6 +32,7 @@ def test_kafka_codec_quick(tmp_path: Path) -> None:
     assert doc["machine"]["versions"]["fastavro"]
 
 
+@pytest.mark.slow  # 45 s; `make bench` runs these benchmarks at full size
 def test_lifecycle_benchmarks_quick(tmp_path: Path) -> None:
     """rollout_cycles, timer_latency, replay_rate and span_ingest on the real pipeline, small sizes, in one run."""
     names = ("rollout_cycles", "timer_latency", "replay_rate", "span_ingest")

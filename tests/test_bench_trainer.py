@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
+
+@pytest.mark.slow  # `make bench` runs it at full size
 def test_trainer_benchmark_quick(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "litstream.bench", "--only", "trainer", "--quick", "--no-agl",
