@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import sys
 import time
 import uuid
@@ -30,7 +29,7 @@ from litstream.workers.client import enqueue_rollout
 from litstream.workers.producer import EventProducer
 
 from . import clickhouse, health
-from .demo import spans_emitted_and_stored
+from .demo import fresh_stack, spans_emitted_and_stored
 from .kafka import read_to_end
 from .settings import Settings
 from .stack import Stack
@@ -83,16 +82,10 @@ def run_closed_loop(settings: Settings, cfg: LoopDemoConfig, quiet: bool = False
     console = Console(stderr=True, quiet=quiet)
     t0 = time.monotonic()
     run_dir = settings.data_dir / "demo"
-    shutil.rmtree(run_dir, ignore_errors=True)  # the embedded broker starts empty: so do the span store and checkpoints
-    settings = settings.model_copy(update={"data_dir": run_dir, "clickhouse_dsn": None})
-    with Stack(settings) as stack:
-        console.print(f"[bold]litstream demo[/]: GRPO on the {cfg.model} policy, {cfg.runners} runner(s) x "
-                      f"{cfg.concurrency} slots, {cfg.groups_per_step} groups of {cfg.group_size} per step; "
-                      f"data in {run_dir}")
-        bootstrap = stack.start_broker()
+    banner = (f"[bold]litstream demo[/]: GRPO on the {cfg.model} policy, {cfg.runners} runner(s) x {cfg.concurrency} "
+              f"slots, {cfg.groups_per_step} groups of {cfg.group_size} per step")
+    with fresh_stack(settings, console, banner) as stack:
         settings = stack.settings
-        stack.create_topics()
-        console.print(f"  broker (Tansu) on {bootstrap}; topics created")
         stack.start("lifecycle", "process", "lifecycle")
         stack.start("span-sink", "process", "span-sink")
         stack.start("triplets", "process", "triplets")

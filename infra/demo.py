@@ -12,6 +12,8 @@ import random
 import shutil
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,20 +50,28 @@ class DemoResult:
                 "seconds": round(self.seconds, 2), "data_dir": self.data_dir}
 
 
+@contextmanager
+def fresh_stack(settings: Settings, console: Console, banner: str) -> Iterator[Stack]:
+    """A demo's own embedded stack in ``<data_dir>/demo``: broker up and topics created, roles left to the caller.
+    The embedded broker starts empty, so the directory (span store, checkpoints, health) is cleared first."""
+    run_dir = settings.data_dir / "demo"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    with Stack(settings.model_copy(update={"data_dir": run_dir, "clickhouse_dsn": None})) as stack:
+        console.print(f"{banner}; data in {run_dir}")
+        bootstrap = stack.start_broker()
+        stack.create_topics()
+        console.print(f"  broker (Tansu) on {bootstrap}; topics created")
+        yield stack
+
+
 def run_demo(settings: Settings, rollouts: int = 12, concurrency: int = 4, timeout: float = 180.0,
              quiet: bool = False, seed: int = 0) -> DemoResult:
     console = Console(stderr=True, quiet=quiet)
     t0 = time.monotonic()
     run_dir = settings.data_dir / "demo"
-    shutil.rmtree(run_dir, ignore_errors=True)  # the embedded broker starts empty: so does the span store
-    settings = settings.model_copy(update={"data_dir": run_dir, "clickhouse_dsn": None})
-    with Stack(settings) as stack:
-        console.print(f"[bold]litstream demo[/]: {rollouts} rollouts, runner concurrency {concurrency}, "
-                      f"data in {run_dir}")
-        bootstrap = stack.start_broker()
+    with fresh_stack(settings, console,
+                     f"[bold]litstream demo[/]: {rollouts} rollouts, runner concurrency {concurrency}") as stack:
         settings = stack.settings
-        stack.create_topics()
-        console.print(f"  broker (Tansu) on {bootstrap}; topics created")
         stack.start("lifecycle", "process", "lifecycle")
         stack.start("span-sink", "process", "span-sink")
         stack.start("runner", "runner", "--concurrency", str(concurrency))

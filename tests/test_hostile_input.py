@@ -43,6 +43,7 @@ from litstream.workers.producer import EventProducer
 from litstream.workers.sdk import AttemptContext
 from tests.lifecycle_helpers import Driver
 from tests.samples import all_records
+from tests.waiting import until
 
 TESTS_DIR = str(Path(__file__).parent)
 CODEC = default_codec()
@@ -79,18 +80,6 @@ def bad_messages(role: str, rng: random.Random) -> dict[str, bytes]:
         "truncated Avro": good[: len(good) // 2],
         "wrong record type": CODEC.encode(SAMPLES[wrong]),
     }
-
-
-def until(what: str, check: Callable[[], Any], timeout: float = 120.0) -> Any:
-    """A bounded wait (the deadline only ends a hung test)."""
-    deadline = time.monotonic() + timeout
-    value = None
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"not reached in {timeout:.0f}s: {what} (last: {value!r})")
 
 
 def call(base: str, path: str, body: Any = None, raw: bytes | None = None,

@@ -8,9 +8,7 @@ import json
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 
@@ -23,18 +21,7 @@ from litstream.streams.event_rows import LIFECYCLE_TYPES
 from litstream.streams.span_sink import SpanSink
 from litstream.workers.producer import EventProducer
 from tests.samples import F, all_records, span
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 120.0) -> Any:
-    """Poll until ``check()`` is truthy; a wait, not a timed assertion (the deadline only ends a hung test)."""
-    deadline = time.monotonic() + timeout
-    value = None
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise TimeoutError(f"gave up waiting for {what} (last: {value!r})")
+from tests.waiting import until as wait_for
 
 
 def lifecycle(rollout_id: str) -> list[AvroModel]:

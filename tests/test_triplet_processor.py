@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,6 +22,7 @@ from litstream.streams.triplet_processor import TripletProcessor, group_id_of, t
 from litstream.workers.client import enqueue_rollout
 from litstream.workers.producer import EventProducer
 from litstream.workers.sdk import AttemptContext
+from tests.waiting import until
 
 LLM_ATTRS: dict[str, Any] = {"gen_ai.operation.name": "chat", "gen_ai.request.model": "toy",
                              "prompt_token_ids": [11, 12, 13], "response_token_ids": [21, 22],
@@ -50,14 +51,6 @@ class Running:
         self.processor.stop_event.set()
         self.thread.join(60)
         assert not self.thread.is_alive()
-
-
-def until(what: str, check: Callable[[], bool], timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not reached in {timeout:.0f}s: {what}")
-        time.sleep(0.1)
 
 
 def triplets(settings: Settings) -> list[tuple[bytes, TripletEmitted]]:
