@@ -17,10 +17,8 @@ LOCAL_FETCH_WAIT_MS = 10
 _LOCAL_CONSUMER: dict[str, Any] = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500,
                                    "fetch.wait.max.ms": LOCAL_FETCH_WAIT_MS}
 
-# Faust on the embedded broker: a batch size of one keeps table recovery exact (Faust reads the changelog end
-# through the broker's ListOffsets, which is wrong for multi-record batches).
+# Faust on the embedded broker. (Its fetch wait and changelog ends are corrected in streams/faust_patches.py.)
 _LOCAL_FAUST: dict[str, Any] = {
-    "producer_max_batch_size": 1,
     "broker_session_timeout": 6.0,
     "broker_heartbeat_interval": 0.5,
 }
@@ -50,24 +48,3 @@ def consumer_profile(settings: Settings) -> dict[str, Any]:
 def faust_profile(settings: Settings) -> dict[str, Any]:
     return dict(_LOCAL_FAUST if settings.profile == "local" else _PRODUCTION_FAUST)
 
-
-_faust_tuned = False
-
-
-def tune_faust_for_local_broker() -> None:
-    """Faust builds its aiokafka consumer with a fixed 1.5 s fetch wait, which the embedded broker always waits
-    out: every hop through a Faust agent would cost ~0.75 s. Shorten it on the consumer Faust creates."""
-    global _faust_tuned
-    if _faust_tuned:
-        return
-    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
-
-    create = AIOKafkaConsumerThread._create_worker_consumer
-
-    def create_with_short_fetch_wait(self: Any, transport: Any) -> Any:
-        consumer = create(self, transport)
-        consumer._fetch_max_wait_ms = LOCAL_FETCH_WAIT_MS  # read by aiokafka when the consumer starts
-        return consumer
-
-    AIOKafkaConsumerThread._create_worker_consumer = create_with_short_fetch_wait  # type: ignore[method-assign]
-    _faust_tuned = True

@@ -18,7 +18,7 @@ from typing import Any
 import faust
 
 from litstream.infra import health
-from litstream.infra.profiles import faust_profile, tune_faust_for_local_broker
+from litstream.infra.profiles import faust_profile
 from litstream.infra.settings import Settings
 from litstream.infra.topics import LIFECYCLE_TABLE, Topics
 from litstream.schemas.codec import Codec, DecodeError, default_codec
@@ -36,7 +36,7 @@ from litstream.schemas.events import (
     WorkerObserved,
 )
 
-from . import fold
+from . import faust_patches, fold
 from .deadletter import DeadLetter
 from .decisions import due, next_deadline
 from .state import RolloutState
@@ -74,8 +74,7 @@ class LifecycleProcessor:
         self.codec = codec or default_codec(settings.schema_registry_url)
         self.factory = EventFactory(settings.producer_id, role=ROLE)
         self.stats = {"applied": 0, "duplicates": 0, "dead_letters": 0, "timeout": 0, "unresponsive": 0}
-        if settings.profile == "local":
-            tune_faust_for_local_broker()
+        faust_patches.apply(settings)
         datadir = (settings.data_dir / "faust" / self.topics.faust_app_id).resolve()
         datadir.mkdir(parents=True, exist_ok=True)
         self.app = faust.App(

@@ -1,0 +1,135 @@
+"""Three corrections to faust-streaming 0.15.3, applied before the lifecycle processor builds its app.
+
+1. **A commit waits for every changelog write** (every profile). Faust commits source offsets after flushing its
+   producer, but its table-changelog buffer's ``flush`` returns as soon as 0.1 s pass without a send, with
+   messages still queued. A worker killed after such a commit comes back with a table that misses changes whose
+   events are committed, so they are never applied again (seen: claims lost after a SIGKILL under load). Patched:
+   the flush returns only when the buffer is empty and no message is in the middle of its send.
+
+2. **Recovery reads the true changelog end** (embedded broker only). Faust's recovery stops at the end reported
+   by ListOffsets, which the embedded broker answers with the last batch's base offset + 1: the rest of that batch
+   would never reach the table. Patched: from that offset, read each changelog partition to its end-of-partition
+   event and take that as the end. (This replaces a one-record-per-batch producer, which made every produce a
+   batch of its own, and the embedded broker's fetch cost grows with the batches in a partition.)
+
+3. **A short fetch wait** (embedded broker only). Faust builds its aiokafka consumer with a fixed 1.5 s fetch wait,
+   which the embedded broker always waits out: every hop through a Faust agent would cost ~0.75 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from confluent_kafka import KafkaError, TopicPartition
+
+from litstream.infra.kafka import consumer
+from litstream.infra.profiles import LOCAL_FETCH_WAIT_MS
+from litstream.infra.settings import Settings
+
+_applied: set[str] = set()
+
+
+def apply(settings: Settings) -> None:
+    """Apply the corrections this settings' profile needs (each once per process)."""
+    _complete_buffer_flush()
+    if settings.profile == "local":
+        _short_fetch_wait()
+        _true_changelog_ends(settings)
+
+
+def _complete_buffer_flush() -> None:
+    if "flush" in _applied:
+        return
+    from faust.transport.producer import ProducerBuffer
+
+    send_pending = ProducerBuffer._send_pending
+
+    async def counted_send(self: Any, fut: Any) -> None:
+        self._litstream_sending = getattr(self, "_litstream_sending", 0) + 1
+        try:
+            await send_pending(self, fut)
+        finally:
+            self._litstream_sending -= 1
+            self.message_sent.set()  # also wakes a flush when the send failed
+
+    async def flush_all(self: Any) -> None:
+        while self.size or getattr(self, "_litstream_sending", 0):
+            if self.state != "running":
+                raise RuntimeError("Cannot flush: Producer not Running")
+            self.message_sent.clear()
+            try:
+                await asyncio.wait_for(self.message_sent.wait(), timeout=1.0)
+            except TimeoutError:
+                continue  # still sending (a slow broker): keep waiting; a dead producer stops the loop above
+
+    ProducerBuffer._send_pending = counted_send  # type: ignore[method-assign]
+    ProducerBuffer.flush = flush_all  # type: ignore[method-assign]
+    _applied.add("flush")
+
+
+def _short_fetch_wait() -> None:
+    if "fetch-wait" in _applied:
+        return
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+    create = AIOKafkaConsumerThread._create_worker_consumer
+
+    def create_with_short_fetch_wait(self: Any, transport: Any) -> Any:
+        made = create(self, transport)
+        made._fetch_max_wait_ms = LOCAL_FETCH_WAIT_MS  # read by aiokafka when the consumer starts
+        return made
+
+    AIOKafkaConsumerThread._create_worker_consumer = create_with_short_fetch_wait  # type: ignore[method-assign]
+    _applied.add("fetch-wait")
+
+
+def _true_changelog_ends(settings: Settings) -> None:
+    if "highwaters" in _applied:
+        return
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+    reported = AIOKafkaConsumerThread._highwaters
+
+    async def true_highwaters(self: Any, partitions: list[Any]) -> Mapping[Any, int]:
+        approx = dict(await reported(self, partitions))
+        ends = await asyncio.to_thread(read_partition_ends, settings, approx.items())
+        return {tp: ends[(tp.topic, tp.partition)] for tp in approx}
+
+    AIOKafkaConsumerThread._highwaters = true_highwaters  # type: ignore[method-assign]
+    _applied.add("highwaters")
+
+
+def read_partition_ends(settings: Settings, starts: Iterable[tuple[Any, int]],
+                        timeout: float = 60.0) -> dict[tuple[str, int], int]:
+    """The next offset to be written of each partition, read from ``start - 1`` (a lower bound such as the
+    embedded broker's "latest") to the end-of-partition event. ``starts``: (topic-partition, offset) pairs."""
+    starts = [(tp.topic, tp.partition, int(offset)) for tp, offset in starts]
+    if not starts:
+        return {}
+    ends = {(t, p): max(0, o - 1) for t, p, o in starts}
+    c = consumer(settings, group_id=f"changelog-ends-{os.getpid()}-{time.monotonic_ns()}",
+                 **{"enable.partition.eof": True})
+    try:
+        c.assign([TopicPartition(t, p, ends[(t, p)]) for t, p, _ in starts])
+        at_end: set[tuple[str, int]] = set()
+        deadline = time.monotonic() + timeout
+        while len(at_end) < len(ends):
+            if time.monotonic() > deadline:
+                missing = sorted(set(ends) - at_end)
+                raise TimeoutError(f"changelog partitions not read to their end within {timeout:.0f}s: {missing}")
+            for msg in c.consume(num_messages=1000, timeout=0.5):
+                key = (str(msg.topic()), int(msg.partition() or 0))
+                err = msg.error()
+                if err is None:
+                    ends[key] = max(ends[key], int(msg.offset() or 0) + 1)
+                    at_end.discard(key)
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    ends[key] = max(ends[key], int(msg.offset() or 0))
+                    at_end.add(key)
+        return ends
+    finally:
+        c.close()
