@@ -53,7 +53,8 @@ class Runner:
         self.stop_event = threading.Event()
         self.stats = {"claimed": 0, "claims_lost": 0, "succeeded": 0, "failed": 0, "spans": 0}
         self.claim_wait_s = claim_wait_s
-        self.claims = RolloutsView(settings, self.events.codec)  # tells whether each claim won
+        # Tells whether each claim won; keeps snapshots only of the rollouts this runner is claiming.
+        self.claims = RolloutsView(settings, self.events.codec, watched_only=True)
         self.resources = ResourcesView(settings, self.events.codec)
         self._running: dict[str, AttemptContext] = {}  # attempt id -> context, for a stop that releases them
         self._slots = threading.Semaphore(concurrency)
@@ -129,12 +130,28 @@ class Runner:
             return None
         claim = AttemptStarted(meta=self.events.factory.meta(offer.rollout_id), attempt_id=new_attempt_id(),
                                sequence_id=offer.attempt_sequence, start_time=time.time(), worker_id=self.worker_id)
+        self.claims.watch(offer.rollout_id)  # unwatched once the claim phase of _claim_then_run is over
         answer = self.claims.expect(claim.meta.event_id)
         self.events.send(self.events.topics.rollout_events, claim)
         return offer, claim, answer
 
     def _claim_then_run(self, offer: RolloutOffered, claim: AttemptStarted, answer: Future[Any]) -> None:
-        """In a slot: wait for the claim's outcome, then run the attempt if the claim won.
+        try:
+            rollout, first_seq = self._claim_outcome(offer, claim, answer)
+        finally:
+            self.claims.unwatch(offer.rollout_id)
+        if rollout is None:
+            with self._stats_lock:
+                self.stats["claims_lost"] += 1
+            self._slots.release()
+            return
+        with self._stats_lock:
+            self.stats["claimed"] += 1
+        self._run_attempt(rollout, first_seq)
+
+    def _claim_outcome(self, offer: RolloutOffered, claim: AttemptStarted,
+                       answer: Future[Any]) -> tuple[AttemptedRollout | None, int]:
+        """Wait for the claim's outcome: the rollout to run (the claim won) or None (lost), and its next sequence id.
 
         With no outcome in time, the rollout's newest snapshot decides: one of our claims is among its attempts (it
         won; its outcome went missing), the rollout no longer waits for a claim (lost), or there is no trace of the
@@ -166,10 +183,7 @@ class Runner:
             if won is None or won.attempt_id != outcome.attempts[-1].attempt_id:
                 log.info("claim of %s (attempt %d) lost: %s", offer.rollout_id, offer.attempt_sequence,
                          outcome.last_reason)
-                with self._stats_lock:
-                    self.stats["claims_lost"] += 1
-                self._slots.release()
-                return
+                return None, first_seq
             rollout, first_seq = rollout_from_snapshot(outcome), outcome.next_sequence_id
             break
         if rollout is None:
@@ -177,10 +191,8 @@ class Runner:
             # fold rejects this attempt's events; if it won, the work is not wasted.
             log.warning("no answer to the claim of %s within %.0fs; running it", offer.rollout_id, self.claim_wait_s)
             rollout = _rollout_from_offer(offer, claim)
-        with self._stats_lock:
-            self.stats["claimed"] += 1
         assert isinstance(rollout, AttemptedRollout)
-        self._run_attempt(rollout, first_seq)
+        return rollout, first_seq
 
     def _resources_for(self, rollout: AttemptedRollout) -> tuple[str | None, NamedResources]:
         state = self.resources.state
