@@ -76,10 +76,8 @@ class Sizes:
     settle_s: float = 600.0  # after the last rollout: time for the lag to reach zero and ClickHouse to hold all
 
 
-# 16 partitions, not the default 4: on the embedded broker the lifecycle processor's producer sends one record per
-# batch (Faust's producer_max_batch_size=1, the local profile's workaround for exact table recovery), and a produce
-# request carries one batch per partition, so its rate grows with the partition count (4: ~11 rollouts/s, 16: ~33-45
-# on this machine's 2 shared cores).
+# 16 partitions, not the default 4: the lifecycle processor's produce requests carry one batch per partition, so
+# more partitions mean more records per request; the rates in the README were measured with 16.
 FULL = Sizes(rollouts=100_000, spans=10, runners=4, concurrency=32, partitions=16)
 DEFAULT = Sizes(rollouts=1_000, spans=10, runners=4, concurrency=32, partitions=16)  # `python -m litstream.bench`: a smoke run
 QUICK = Sizes(rollouts=300, spans=10, runners=2, concurrency=4, partitions=4, in_flight=300, sample_s=2.0,
