@@ -23,12 +23,14 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import shutil
 import signal
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -320,9 +322,27 @@ def _check_alive(stack: Stack) -> None:
             raise RuntimeError(f"{name} exited with code {proc.proc.returncode}; see {proc.log_path}")
 
 
+@contextmanager
+def _run_dir(results_dir: Path) -> Iterator[str]:
+    """A scratch directory for the stack, removed at the end; when the soak fails, the processes' logs are copied
+    to ``results_dir`` first, so the failure can be read afterwards."""
+    tmp = tempfile.mkdtemp(prefix="litstream-bench-soak-")
+    try:
+        yield tmp
+    except BaseException:
+        logs = Path(tmp) / "data" / "logs"
+        if logs.is_dir():
+            kept = results_dir / f"soak-logs-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
+            shutil.copytree(logs, kept, dirs_exist_ok=True)
+            print(f"the processes' logs are kept in {kept}", file=sys.stderr)
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def soak(ctx: Context, sizes: Sizes, results_dir: Path) -> SoakResult:
     result = SoakResult(sizes)
-    with tempfile.TemporaryDirectory(prefix="litstream-bench-soak-", ignore_cleanup_errors=True) as tmp, \
+    with _run_dir(results_dir) as tmp, \
             Stack(Settings(partitions=sizes.partitions, data_dir=Path(tmp) / "data",
                            topic_prefix=f"bench-soak-{secrets.token_hex(3)}")) as stack:
         ctx.step(f"starting the embedded broker (data dir {tmp})")

@@ -125,6 +125,22 @@ class PartitionEnds:
         return set(partitions) <= self.at_end
 
 
+def commit_sync(c: _Consumer, offsets: list[TopicPartition]) -> bool:
+    """Commit ``offsets`` and wait; False when the group moved on (a rebalance, a lost session, a coordinator
+    change). That is routine under load: the partitions' new owner takes over from the last committed offsets and
+    the records in between are delivered again, which every consumer here tolerates (at-least-once). A fatal
+    client error still raises."""
+    try:
+        c.commit(offsets=offsets, asynchronous=False)
+        return True
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        if err is not None and err.fatal():
+            raise
+        log.warning("offset commit not taken (%s); the records since the last commit will be delivered again", exc)
+        return False
+
+
 def poll_batch(c: _Consumer, timeout: float, max_records: int = 1000) -> list[Message]:
     """Wait up to ``timeout`` for one record, then take whatever else is already fetched. (A bare
     ``consume(n, timeout)`` waits out its whole timeout whenever fewer than n records come.)"""

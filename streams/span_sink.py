@@ -23,7 +23,7 @@ from litstream.infra import health
 from litstream.infra.clickhouse import ClickHouse
 from litstream.infra.clickhouse.api import serve_queries
 from litstream.infra.failpoints import failpoint
-from litstream.infra.kafka import consumer, producer
+from litstream.infra.kafka import commit_sync, consumer, producer
 from litstream.infra.settings import Settings
 from litstream.infra.topics import Topics
 from litstream.schemas.codec import Codec, default_codec
@@ -105,8 +105,7 @@ class SpanSink:
             self._dlq.flush(30)
         # Only now is every message of the batch durable (in ClickHouse or a dead letter): commit.
         if offsets:
-            self._consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
-                                  asynchronous=False)
+            commit_sync(self._consumer, [TopicPartition(t, p, o) for (t, p), o in offsets.items()])
         self.stats["inserted"] += counts[SPANS_TABLE]
         self.stats["events"] += counts[EVENTS_TABLE]
         self.stats["triplets"] += counts[TRIPLETS_TABLE]

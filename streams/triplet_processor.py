@@ -26,7 +26,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
 from litstream.infra import health
-from litstream.infra.kafka import PartitionEnds, consumer, poll_batch
+from litstream.infra.kafka import PartitionEnds, commit_sync, consumer, poll_batch
 from litstream.infra.settings import Settings
 from litstream.infra.topics import Topics
 from litstream.schemas.codec import DecodeError
@@ -275,8 +275,7 @@ class TripletProcessor:
         offsets = [TopicPartition(self.topics.spans, p, o) for p, o in spans.items()]
         offsets += [TopicPartition(self.topics.state, p, o) for p, o in state.items()]
         changed = [tp for tp in offsets if self._committed.get((tp.topic, tp.partition)) != tp.offset]
-        if changed:
-            self._consumer.commit(offsets=changed, asynchronous=False)
+        if changed and commit_sync(self._consumer, changed):
             self._committed.update({(tp.topic, tp.partition): tp.offset for tp in changed})
             self.stats["commits"] += 1
         self._dirty = False

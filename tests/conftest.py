@@ -53,6 +53,15 @@ def settings(broker: EmbeddedBroker, tmp_path: Path) -> Settings:
 
 
 @pytest.fixture
+def processor_running(settings: Settings) -> Iterator[Settings]:
+    """The lifecycle processor running as a process, on this test's topics."""
+    with Stack(settings) as s:
+        s.start("lifecycle", "process", "lifecycle")
+        s.wait_ready("lifecycle", "lifecycle")
+        yield settings
+
+
+@pytest.fixture
 def pipeline(settings: Settings) -> Iterator[Settings]:
     """The lifecycle processor and the span sink running as processes, on this test's topics."""
     with Stack(settings) as s:

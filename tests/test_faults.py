@@ -196,7 +196,9 @@ def test_broker_restart_on_durable_storage_loses_nothing(s3_endpoint: str, tmp_p
         with Stack(settings) as stack:
             stack.start("lifecycle", "process", "lifecycle")
             stack.start("span-sink", "process", "span-sink")
-            stack.start("runner", "runner", "--concurrency", "4")
+            stack.start("triplets", "process", "triplets")
+            # an agent whose LLM call carries token ids, so every rollout also makes a triplet
+            stack.start("runner", "runner", "--concurrency", "4", "--agent", "litstream.bench.soak:soak_agent")
             stack.wait_ready("lifecycle", "lifecycle")
             stack.wait_ready("span-sink", "span-sink", key="inserted")
             d = Driver(settings)
@@ -212,7 +214,7 @@ def test_broker_restart_on_durable_storage_loses_nothing(s3_endpoint: str, tmp_p
             finally:
                 d.close()
             assert all(snaps[r].status == "succeeded" for r in before + after)
-            assert all(stack.roles[name].alive() for name in ("lifecycle", "span-sink", "runner"))
+            assert all(stack.roles[name].alive() for name in ("lifecycle", "span-sink", "triplets", "runner"))
             result, differences = verify(settings, wait_s=60)
             assert differences == []
             assert len(result.states) == 6
@@ -225,6 +227,10 @@ def test_broker_restart_on_durable_storage_loses_nothing(s3_endpoint: str, tmp_p
                     break
                 time.sleep(0.5)
             assert in_sql == spans_on_topic > 0
+            codec = default_codec()
+            triplets = {codec.decode_as(m.value(), TripletEmitted).meta.rollout_id
+                        for m in read_to_end(settings, f"{settings.topic_prefix}.triplets")}
+            assert triplets == set(before + after)  # the triplet processor came back too
     finally:
         broker.stop()
 

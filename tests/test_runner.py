@@ -6,14 +6,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from litstream.infra.kafka import read_to_end
 from litstream.infra.settings import Settings
-from litstream.infra.stack import Stack
 from litstream.schemas.codec import Codec
 from litstream.schemas.events import SpanRecorded
 from litstream.schemas.models import LLM, AttemptedRollout, NamedResources, ProxyLLM, RolloutConfig
@@ -21,14 +19,6 @@ from litstream.streams.store import LitStore
 from litstream.workers.agent import LitAgent, as_agent, litagent
 from litstream.workers.runner import Runner
 from litstream.workers.sdk import AttemptContext
-
-
-@pytest.fixture
-def lifecycle(settings: Settings) -> Iterator[Settings]:
-    with Stack(settings) as s:
-        s.start("lifecycle", "process", "lifecycle")
-        s.wait_ready("lifecycle", "lifecycle")
-        yield settings
 
 
 class Background:
@@ -52,7 +42,8 @@ async def finish(store: LitStore, ids: list[str], timeout: float = 60) -> dict[s
     raise AssertionError("rollouts did not finish")
 
 
-def test_function_agents_get_resources_and_follow_new_versions(lifecycle: Settings) -> None:
+@pytest.mark.usefixtures("processor_running")
+def test_function_agents_get_resources_and_follow_new_versions(settings: Settings) -> None:
     seen: list[tuple[str, str]] = []
 
     @litagent
@@ -63,8 +54,8 @@ def test_function_agents_get_resources_and_follow_new_versions(lifecycle: Settin
         return 1.0
 
     async def scenario() -> None:
-        store = LitStore(lifecycle)
-        bg = Background(Runner(lifecycle, agent, concurrency=2))
+        store = LitStore(settings)
+        bg = Background(Runner(settings, agent, concurrency=2))
         try:
             v1 = await store.add_resources({"llm": ProxyLLM(endpoint="http://proxy:1/v1", model="policy-1")})
             first = await store.enqueue_rollout({"n": "a"})
@@ -79,7 +70,7 @@ def test_function_agents_get_resources_and_follow_new_versions(lifecycle: Settin
         assert seen[0][0] == "a" and seen[0][1].startswith(f"http://proxy:1/rollout/{first.rollout_id}/attempt/")
         assert seen[1] == ("b", "http://vllm:2/v1")
         codec = Codec()
-        spans = [codec.decode_as(m.value(), SpanRecorded) for m in read_to_end(lifecycle, f"{lifecycle.topic_prefix}.spans")]
+        spans = [codec.decode_as(m.value(), SpanRecorded) for m in read_to_end(settings, f"{settings.topic_prefix}.spans")]
         used = {s.rollout_id: s.resources_id for s in spans}
         assert used == {first.rollout_id: v1.resources_id, second.rollout_id: v2.resources_id}
 
@@ -99,12 +90,13 @@ class Flaky(LitAgent):
         return 0.5
 
 
-def test_a_failing_attempt_is_recorded_and_retried(lifecycle: Settings) -> None:
+@pytest.mark.usefixtures("processor_running")
+def test_a_failing_attempt_is_recorded_and_retried(settings: Settings) -> None:
     agent = Flaky()
 
     async def scenario() -> None:
-        store = LitStore(lifecycle)
-        bg = Background(Runner(lifecycle, agent, concurrency=2))
+        store = LitStore(settings)
+        bg = Background(Runner(settings, agent, concurrency=2))
         try:
             ro = await store.enqueue_rollout({"q": 1}, config=RolloutConfig(max_attempts=2, retry_condition=["failed"]))
             done = await finish(store, [ro.rollout_id])
@@ -120,7 +112,8 @@ def test_a_failing_attempt_is_recorded_and_retried(lifecycle: Settings) -> None:
     asyncio.run(scenario())
 
 
-def test_stopping_releases_attempts_that_do_not_finish(lifecycle: Settings) -> None:
+@pytest.mark.usefixtures("processor_running")
+def test_stopping_releases_attempts_that_do_not_finish(settings: Settings) -> None:
     started = threading.Event()
 
     def slow(task: Any) -> None:
@@ -128,8 +121,8 @@ def test_stopping_releases_attempts_that_do_not_finish(lifecycle: Settings) -> N
         time.sleep(5)
 
     async def scenario() -> None:
-        store = LitStore(lifecycle)
-        runner = Runner(lifecycle, slow, concurrency=1, drain_s=0.5)
+        store = LitStore(settings)
+        runner = Runner(settings, slow, concurrency=1, drain_s=0.5)
         bg = Background(runner)
         try:
             ro = await store.enqueue_rollout({"q": 1}, config=RolloutConfig(max_attempts=2, retry_condition=["failed"]))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,7 +13,6 @@ import pytest
 from litstream.infra import health
 from litstream.infra.kafka import headers_dict, read_to_end
 from litstream.infra.settings import Settings
-from litstream.infra.stack import Stack
 from litstream.schemas.codec import default_codec
 from litstream.schemas.events import AttemptStarted, AvroModel, TripletEmitted
 from litstream.streams.triplet_buffer import Limits
@@ -29,14 +27,6 @@ LLM_ATTRS: dict[str, Any] = {"gen_ai.operation.name": "chat", "gen_ai.request.mo
                              "response_logprobs": [-0.5, -0.25], "gen_ai.prompt.0.role": "user",
                              "gen_ai.prompt.0.content": "2+2?", "gen_ai.completion.0.role": "assistant",
                              "gen_ai.completion.0.content": "4"}
-
-
-@pytest.fixture
-def lifecycle(settings: Settings) -> Iterator[Settings]:
-    with Stack(settings) as s:
-        s.start("lifecycle", "process", "lifecycle")
-        s.wait_ready("lifecycle", "lifecycle")
-        yield settings
 
 
 class Running:
@@ -84,9 +74,10 @@ def act(ctx: AttemptContext, reward: float | None = 1.0, llm: bool = True) -> No
             ctx.emit_reward(reward)
 
 
-def test_finished_attempts_become_triplets_keyed_by_group(lifecycle: Settings) -> None:
-    events = EventProducer(lifecycle, role="test")
-    running = Running(lifecycle)
+@pytest.mark.usefixtures("processor_running")
+def test_finished_attempts_become_triplets_keyed_by_group(settings: Settings) -> None:
+    events = EventProducer(settings, role="test")
+    running = Running(settings)
     try:
         same_task = {"a": 2, "b": 2, "op": "+"}
         ctxs = [start(events, same_task), start(events, same_task),
@@ -95,9 +86,9 @@ def test_finished_attempts_become_triplets_keyed_by_group(lifecycle: Settings) -
             act(ctx, reward)
             ctx.finish("succeeded")
         events.flush()
-        until("three triplets", lambda: len(triplets(lifecycle)) >= 3)
-        got = {t.meta.rollout_id: (key, t) for key, t in triplets(lifecycle)}
-        assert len(got) == 3 and len(triplets(lifecycle)) == 3
+        until("three triplets", lambda: len(triplets(settings)) >= 3)
+        got = {t.meta.rollout_id: (key, t) for key, t in triplets(settings)}
+        assert len(got) == 3 and len(triplets(settings)) == 3
         task_group = got[ctxs[0].rollout_id][1].group_id
         assert task_group.startswith("task-") and got[ctxs[1].rollout_id][1].group_id == task_group
         for ctx, reward in zip(ctxs, (1.0, 0.0, 0.5)):
@@ -113,14 +104,15 @@ def test_finished_attempts_become_triplets_keyed_by_group(lifecycle: Settings) -
         assert got[ctxs[0].rollout_id][1].resources_id == "policy-v3"
         explicit = got[ctxs[2].rollout_id][1]
         assert (explicit.group_id, explicit.policy_version, explicit.resources_id) == ("g-explicit", None, "rs-custom")
-        assert letters(lifecycle) == []
+        assert letters(settings) == []
     finally:
         running.stop()
 
 
-def test_attempt_without_usable_triplet_is_a_dead_letter_and_a_metric(lifecycle: Settings) -> None:
-    events = EventProducer(lifecycle, role="test")
-    running = Running(lifecycle)
+@pytest.mark.usefixtures("processor_running")
+def test_attempt_without_usable_triplet_is_a_dead_letter_and_a_metric(settings: Settings) -> None:
+    events = EventProducer(settings, role="test")
+    running = Running(settings)
     try:
         no_llm = start(events, {"x": 1})
         act(no_llm, reward=1.0, llm=False)
@@ -132,23 +124,23 @@ def test_attempt_without_usable_triplet_is_a_dead_letter_and_a_metric(lifecycle:
         silent.finish("failed")
         events.produce_raw(events.topics.spans, b"ro-garbage", b"not avro")
         events.flush()
-        until("four dead letters", lambda: len(letters(lifecycle)) >= 4)
-        [garbage] = [h for h in letters(lifecycle) if h["litstream.dlq.error_type"] == b"decode"]
+        until("four dead letters", lambda: len(letters(settings)) >= 4)
+        [garbage] = [h for h in letters(settings) if h["litstream.dlq.error_type"] == b"decode"]
         assert garbage["litstream.dlq.reason"].startswith(b"not a litstream Avro message")
-        by_attempt = {h["litstream.attempt_id"].decode(): h for h in letters(lifecycle) if "litstream.attempt_id" in h}
+        by_attempt = {h["litstream.attempt_id"].decode(): h for h in letters(settings) if "litstream.attempt_id" in h}
         reasons = {aid: h["litstream.dlq.reason"].decode() for aid, h in by_attempt.items()}
         assert reasons[no_llm.attempt_id].startswith("no usable triplet: no LLM call among 3 spans")
         assert reasons[no_reward.attempt_id].startswith("no usable triplet: no reward:")
         assert reasons[silent.attempt_id] == "no usable triplet: no spans"
         assert by_attempt[no_llm.attempt_id]["litstream.rollout_id"].decode() == no_llm.rollout_id
         assert {h["litstream.dlq.processor"] for h in by_attempt.values()} == {b"triplets"}
-        assert triplets(lifecycle) == []
+        assert triplets(settings) == []
 
         def beat_counts() -> bool:
-            info = health.read(lifecycle.data_dir, "triplets")
+            info = health.read(settings.data_dir, "triplets")
             return info is not None and info.get("no_triplet") == 3
         until("the health beat counts them", beat_counts)
-        info = health.read(lifecycle.data_dir, "triplets")
+        info = health.read(settings.data_dir, "triplets")
         assert info is not None and info["no_triplet_by_reason"] == {"no_LLM_call": 1, "no_reward": 1, "no_spans": 1}
     finally:
         running.stop()
@@ -161,26 +153,28 @@ class SendsSpansTwice(EventProducer):
             super().send(topic, record)
 
 
-def test_duplicate_span_delivery_gives_no_duplicate_triplet(lifecycle: Settings) -> None:
-    events = SendsSpansTwice(lifecycle, role="test")
-    running = Running(lifecycle)
+@pytest.mark.usefixtures("processor_running")
+def test_duplicate_span_delivery_gives_no_duplicate_triplet(settings: Settings) -> None:
+    events = SendsSpansTwice(settings, role="test")
+    running = Running(settings)
     try:
         ctx = start(events, {"dup": True})
         act(ctx)
         ctx.finish("succeeded")
         events.flush()
-        until("one triplet", lambda: len(triplets(lifecycle)) >= 1)
+        until("one triplet", lambda: len(triplets(settings)) >= 1)
         until("every span read", lambda: running.processor.collector.counts["spans"] >= 8)
     finally:
         running.stop()
-    assert [t.meta.event_id for _, t in triplets(lifecycle)] == [triplet_event_id(ctx.rollout_id, ctx.attempt_id, 0)]
+    assert [t.meta.event_id for _, t in triplets(settings)] == [triplet_event_id(ctx.rollout_id, ctx.attempt_id, 0)]
     assert running.processor.collector.counts["duplicates"] == 4
-    assert letters(lifecycle) == []
+    assert letters(settings) == []
 
 
-def test_a_restarted_processor_loses_nothing_and_repeats_nothing(lifecycle: Settings) -> None:
-    events = EventProducer(lifecycle, role="test")
-    first = Running(lifecycle)
+@pytest.mark.usefixtures("processor_running")
+def test_a_restarted_processor_loses_nothing_and_repeats_nothing(settings: Settings) -> None:
+    events = EventProducer(settings, role="test")
+    first = Running(settings)
     try:
         open_attempt = start(events, {"step": "open"})
         act(open_attempt)  # spans buffered, the attempt still running when the processor stops
@@ -188,7 +182,7 @@ def test_a_restarted_processor_loses_nothing_and_repeats_nothing(lifecycle: Sett
         act(done)
         done.finish("succeeded")
         events.flush()
-        until("the finished attempt's triplet", lambda: len(triplets(lifecycle)) == 1)
+        until("the finished attempt's triplet", lambda: len(triplets(settings)) == 1)
 
         def open_buffered() -> bool:
             pending = first.processor.collector.pending.get((open_attempt.rollout_id, open_attempt.attempt_id))
@@ -202,7 +196,7 @@ def test_a_restarted_processor_loses_nothing_and_repeats_nothing(lifecycle: Sett
     ending.finish("succeeded")
     events.flush()
     # Stopped after it saw `ending` end, before it could finalize it (its settle time never passes).
-    second = Running(lifecycle, settle_ms=3_600_000)
+    second = Running(settings, settle_ms=3_600_000)
     try:
         def ended_seen() -> bool:
             pending = second.processor.collector.pending.get((ending.rollout_id, ending.attempt_id))
@@ -210,18 +204,18 @@ def test_a_restarted_processor_loses_nothing_and_repeats_nothing(lifecycle: Sett
         until("the second processor sees `ending` end", ended_seen)
     finally:
         second.stop()
-    third = Running(lifecycle)
+    third = Running(settings)
     try:
-        until("three triplets", lambda: len(triplets(lifecycle)) >= 3)
+        until("three triplets", lambda: len(triplets(settings)) >= 3)
         until("caught up", lambda: not third.processor.collector.pending)
     finally:
         third.stop()
-    ids = [t.meta.event_id for _, t in triplets(lifecycle)]
+    ids = [t.meta.event_id for _, t in triplets(settings)]
     expected = {triplet_event_id(c.rollout_id, c.attempt_id, 0) for c in (open_attempt, done, ending)}
     assert set(ids) == expected
-    rewards = {t.meta.rollout_id: t.reward for _, t in triplets(lifecycle)}
+    rewards = {t.meta.rollout_id: t.reward for _, t in triplets(settings)}
     assert rewards[ending.rollout_id] == 0.5
-    assert letters(lifecycle) == []
+    assert letters(settings) == []
 
 
 def test_group_id_falls_back_to_a_stable_hash_of_the_input() -> None:

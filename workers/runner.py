@@ -18,7 +18,7 @@ from typing import Any
 from confluent_kafka import KafkaError, Message, TopicPartition
 
 from litstream.infra import health
-from litstream.infra.kafka import consumer, poll_batch
+from litstream.infra.kafka import commit_sync, consumer, poll_batch
 from litstream.infra.settings import Settings
 from litstream.schemas.codec import DecodeError
 from litstream.schemas.events import AttemptStarted, RolloutOffered
@@ -104,7 +104,7 @@ class Runner:
                     for m in offers:
                         key = (str(m.topic()), int(m.partition() or 0))
                         ends[key] = max(ends.get(key, 0), int(m.offset() or 0) + 1)
-                    c.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in ends.items()], asynchronous=False)
+                    commit_sync(c, [TopicPartition(t, p, o) for (t, p), o in ends.items()])
                 started = [cl for cl in claims if cl is not None]
                 sent += len(started)
                 for offer, claim, answer in started:
