@@ -5,7 +5,9 @@ ended, when an ended attempt can be finalized, and how far each partition may be
 ``timeout`` or ``unresponsive`` (or its rollout finished). Its *cut* is that snapshot's record time plus
 ``settle_ms``. It is finalized once the spans partition has been read past the cut: either read to its end
 (end-of-partition event) at a wall time ``fetch_margin_ms`` after the cut, or a span written after the cut has
-been read. The attempt's triplets come from its spans written before the cut; a span of it written later, or
+been read. (Writers make an attempt's spans durable before its terminal event, so every span of the attempt is
+appended before the snapshot that ends it; a span created after the cut was appended after them.) The attempt's
+triplets come from its spans written before the cut; a span of it written later, or
 read after it was finalized, is a *late span* (dead letter). Attempts of a partition are finalized in the order
 they ended, so an ended attempt never waits behind a later one.
 

@@ -143,3 +143,17 @@ def test_bad_arguments_raise_at_the_call_and_produce_nothing(settings: Settings)
     assert spans(events) == []
     assert list(read_to_end(settings, events.topics.rollout_events)) == []
     assert ctx.max_sequence_id is None  # no sequence id was taken either
+
+
+def test_an_attempts_spans_are_on_the_broker_before_its_terminal_event_is_sent(settings: Settings) -> None:
+    """The order the triplet processor relies on: spans first, then the event that ends the attempt (here with a
+    producer that would otherwise hold records back for a minute)."""
+    events = EventProducer(settings, role="test", **{"linger.ms": 60_000})
+    ctx = AttemptContext(events, "ro-order", "at-order")
+    with ctx.span("step-1"), ctx.span("step-2"):
+        pass
+    ctx.finish("succeeded")
+    try:
+        assert len(spans(events)) == 2  # read from the broker; the terminal event may still be queued
+    finally:
+        events.flush()

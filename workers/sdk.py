@@ -162,8 +162,12 @@ class AttemptContext:
             worker_id=self.worker_id, max_sequence_id=used))
 
     def finish(self, status: str, error: str | None = None) -> None:
+        """End the attempt. Its spans are on the broker before the terminal event is sent, so they are written
+        before the snapshot that ends the attempt: the triplet processor relies on that order (a slow producer
+        could otherwise deliver spans after their attempt was turned into triplets)."""
         if self.max_sequence_id is not None:
             self.heartbeat()  # the counter moves past this attempt's spans before the next attempt starts
+        self.producer.flush()
         self.producer.send(self.producer.topics.rollout_events, AttemptStatusChanged(
             meta=self.producer.factory.meta(self.rollout_id), attempt_id=self.attempt_id, status=status,  # type: ignore[arg-type]
             time=time.time(), worker_id=self.worker_id, error=error))
