@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 import traceback
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from confluent_kafka import KafkaError, Message, TopicPartition
@@ -42,7 +42,7 @@ class Runner:
     resources-published event reaches the next attempt without a restart."""
 
     def __init__(self, settings: Settings, agent: Any, concurrency: int = 1, heartbeat_s: float = 5.0,
-                 claim_wait_s: float = 60.0, drain_s: float = 30.0) -> None:
+                 claim_wait_s: float = 120.0, drain_s: float = 30.0) -> None:
         self.settings = settings
         self.agent = as_agent(agent)
         self.drain_s = drain_s
@@ -157,14 +157,17 @@ class Runner:
         won; its outcome went missing), the rollout no longer waits for a claim (lost), or there is no trace of the
         claim and the rollout still waits (claim again: a claim can be lost with a processor that died before its
         effects went out). After ``CLAIM_ROUNDS`` rounds with no answer at all, run anyway."""
+        first = claim
         mine = {claim.attempt_id: claim}
+        answers = {answer: claim.meta.event_id}  # an answer to any of our claims counts: the first sent wins first
         rollout: AttemptedRollout | None = None
         first_seq = 1
+        lost = False
         for round_ in range(CLAIM_ROUNDS):
-            try:
-                outcome = answer.result(timeout=self.claim_wait_s / CLAIM_ROUNDS)
-            except TimeoutError:
-                self.claims.forget(claim.meta.event_id)
+            done, _ = wait(answers, timeout=self.claim_wait_s / CLAIM_ROUNDS, return_when=FIRST_COMPLETED)
+            if done:
+                outcome = next(iter(done)).result()
+            else:
                 outcome = self.claims.snapshots.get(offer.rollout_id)
                 if outcome is None or (outcome.status in ("queuing", "requeuing")
                                        and not any(a.attempt_id in mine for a in outcome.attempts)):
@@ -175,7 +178,7 @@ class Runner:
                                            attempt_id=new_attempt_id(), sequence_id=offer.attempt_sequence,
                                            start_time=time.time(), worker_id=self.worker_id)
                     mine[claim.attempt_id] = claim
-                    answer = self.claims.expect(claim.meta.event_id)
+                    answers[self.claims.expect(claim.meta.event_id)] = claim.meta.event_id
                     self.events.send(self.events.topics.rollout_events, claim)
                     self.events.flush()
                     continue
@@ -183,14 +186,20 @@ class Runner:
             if won is None or won.attempt_id != outcome.attempts[-1].attempt_id:
                 log.info("claim of %s (attempt %d) lost: %s", offer.rollout_id, offer.attempt_sequence,
                          outcome.last_reason)
-                return None, first_seq
+                lost = True
+                break
             rollout, first_seq = rollout_from_snapshot(outcome), outcome.next_sequence_id
             break
+        for event_id in answers.values():
+            self.claims.forget(event_id)
+        if lost:
+            return None, first_seq
         if rollout is None:
-            # No answer at all (the lifecycle processor is down or far behind): run anyway. If the claim lost, the
-            # fold rejects this attempt's events; if it won, the work is not wasted.
+            # No answer at all (the lifecycle processor is down or far behind): run anyway, as the first claim's
+            # attempt — claims are applied in the order they were sent, so if any of ours wins, it is that one.
+            # If it lost, the fold rejects this attempt's events; if it won, the work is not wasted.
             log.warning("no answer to the claim of %s within %.0fs; running it", offer.rollout_id, self.claim_wait_s)
-            rollout = _rollout_from_offer(offer, claim)
+            rollout = _rollout_from_offer(offer, first)
         assert isinstance(rollout, AttemptedRollout)
         return rollout, first_seq
 
