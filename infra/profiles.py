@@ -12,10 +12,9 @@ from typing import Any
 from .settings import Settings
 
 # confluent-kafka consumer settings for the embedded broker: the first group join takes ~half the session timeout,
-# and a fetch is not answered early when data arrives (it waits out fetch.wait.max.ms), so keep that wait short.
-LOCAL_FETCH_WAIT_MS = 10
-_LOCAL_CONSUMER: dict[str, Any] = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500,
-                                   "fetch.wait.max.ms": LOCAL_FETCH_WAIT_MS}
+# and a fetch is not answered early when data arrives (it waits out fetch.wait.max.ms, `local_fetch_wait_ms`), so
+# that wait is kept short.
+_LOCAL_CONSUMER: dict[str, Any] = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
 
 # Faust on the embedded broker. (Its fetch wait and changelog ends are corrected in streams/faust_patches.py.)
 _LOCAL_FAUST: dict[str, Any] = {
@@ -42,7 +41,9 @@ def security_config(settings: Settings) -> dict[str, Any]:
 
 
 def consumer_profile(settings: Settings) -> dict[str, Any]:
-    return dict(_LOCAL_CONSUMER) if settings.profile == "local" else {}
+    if settings.profile != "local":
+        return {}
+    return {**_LOCAL_CONSUMER, "fetch.wait.max.ms": settings.local_fetch_wait_ms}
 
 
 def faust_profile(settings: Settings) -> dict[str, Any]:

@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     clickhouse_dsn: str | None = None  # default: chdb:///<data_dir>/chdb
     schema_registry_url: str | None = None
     producer_id: str | None = None  # default: <role>-<host>-<pid>
+    # Local profile: how long a consumer's fetch may wait on the broker. The embedded broker always waits it out,
+    # so it is the latency of every hop; each fetch also costs the broker work (much more on s3:// storage).
+    local_fetch_wait_ms: int = Field(10, ge=1, le=10_000)
 
     # Kafka security, passed to every client (confluent-kafka and Faust/aiokafka).
     kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"

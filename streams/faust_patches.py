@@ -27,7 +27,6 @@ from typing import Any
 from confluent_kafka import KafkaError, TopicPartition
 
 from litstream.infra.kafka import consumer
-from litstream.infra.profiles import LOCAL_FETCH_WAIT_MS
 from litstream.infra.settings import Settings
 
 _applied: set[str] = set()
@@ -37,7 +36,7 @@ def apply(settings: Settings) -> None:
     """Apply the corrections this settings' profile needs (each once per process)."""
     _complete_buffer_flush()
     if settings.profile == "local":
-        _short_fetch_wait()
+        _short_fetch_wait(settings.local_fetch_wait_ms)
         _true_changelog_ends(settings)
 
 
@@ -71,7 +70,7 @@ def _complete_buffer_flush() -> None:
     _applied.add("flush")
 
 
-def _short_fetch_wait() -> None:
+def _short_fetch_wait(wait_ms: int) -> None:
     if "fetch-wait" in _applied:
         return
     from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
@@ -80,7 +79,7 @@ def _short_fetch_wait() -> None:
 
     def create_with_short_fetch_wait(self: Any, transport: Any) -> Any:
         made = create(self, transport)
-        made._fetch_max_wait_ms = LOCAL_FETCH_WAIT_MS  # read by aiokafka when the consumer starts
+        made._fetch_max_wait_ms = wait_ms  # read by aiokafka when the consumer starts
         return made
 
     AIOKafkaConsumerThread._create_worker_consumer = create_with_short_fetch_wait  # type: ignore[method-assign]

@@ -34,6 +34,7 @@ from litstream.streams.replay import verify
 from litstream.streams.views import ResourcesView
 from litstream.workers.producer import EventProducer
 from tests.lifecycle_helpers import Driver
+from tests.waiting import until
 
 TESTS_DIR = str(Path(__file__).parent)
 
@@ -183,15 +184,17 @@ def s3_endpoint(tmp_path: Path) -> Iterator[str]:
         proc.wait(10)
 
 
-@pytest.mark.slow  # minutes: every fetch of the broker lists objects on the loopback S3 server
 def test_broker_restart_on_durable_storage_loses_nothing(s3_endpoint: str, tmp_path: Path) -> None:
     env = {"AWS_ENDPOINT": s3_endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
            "AWS_DEFAULT_REGION": "eu-west-2", "AWS_ALLOW_HTTP": "true"}
     broker = EmbeddedBroker(storage="s3://tansu/", env=env, log_path=tmp_path / "broker.log").start()
     try:
         # One partition a topic and few rollouts: every fetch lists objects on the S3 server, which is slow.
+        # A 200 ms fetch wait: every fetch lists objects on the (single-threaded) S3 server, and ~8 consumers
+        # fetching every 10 ms saturate it.
         settings = Settings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}",
-                            partitions=1, data_dir=tmp_path / "data", clickhouse_dsn=f"chdb://{tmp_path / 'chdb'}")
+                            partitions=1, data_dir=tmp_path / "data", clickhouse_dsn=f"chdb://{tmp_path / 'chdb'}",
+                            local_fetch_wait_ms=200)
         create_topics(settings)
         with Stack(settings) as stack:
             stack.start("lifecycle", "process", "lifecycle")
@@ -228,9 +231,13 @@ def test_broker_restart_on_durable_storage_loses_nothing(s3_endpoint: str, tmp_p
                 time.sleep(0.5)
             assert in_sql == spans_on_topic > 0
             codec = default_codec()
-            triplets = {codec.decode_as(m.value(), TripletEmitted).meta.rollout_id
+
+            def triplets() -> set[str]:
+                return {codec.decode_as(m.value(), TripletEmitted).meta.rollout_id
                         for m in read_to_end(settings, f"{settings.topic_prefix}.triplets")}
-            assert triplets == set(before + after)  # the triplet processor came back too
+
+            # the triplet processor came back too: one triplet per rollout, before and after the restart
+            until("a triplet for every rollout", lambda: triplets() == set(before + after), timeout=60)
     finally:
         broker.stop()
 
