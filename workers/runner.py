@@ -128,12 +128,16 @@ class Runner:
             letter = DeadLetter(topic, partition, offset, key, value, exc.reason, ROLE, "decode")
             self.events.produce_raw(letter.topic, key, value, headers=letter.headers())
             return None
+        self.claims.watch(offer.rollout_id)  # unwatched once the claim phase of _claim_then_run is over
+        return (offer, *self._claim(offer))
+
+    def _claim(self, offer: RolloutOffered) -> tuple[AttemptStarted, Future[Any]]:
+        """Send one claim of the offer (not flushed) and the future that gets its outcome."""
         claim = AttemptStarted(meta=self.events.factory.meta(offer.rollout_id), attempt_id=new_attempt_id(),
                                sequence_id=offer.attempt_sequence, start_time=time.time(), worker_id=self.worker_id)
-        self.claims.watch(offer.rollout_id)  # unwatched once the claim phase of _claim_then_run is over
         answer = self.claims.expect(claim.meta.event_id)
         self.events.send(self.events.topics.rollout_events, claim)
-        return offer, claim, answer
+        return claim, answer
 
     def _claim_then_run(self, offer: RolloutOffered, claim: AttemptStarted, answer: Future[Any]) -> None:
         try:
@@ -174,12 +178,9 @@ class Runner:
                     if round_ == CLAIM_ROUNDS - 1:
                         break
                     log.warning("no answer to the claim of %s; claiming again", offer.rollout_id)
-                    claim = AttemptStarted(meta=self.events.factory.meta(offer.rollout_id),
-                                           attempt_id=new_attempt_id(), sequence_id=offer.attempt_sequence,
-                                           start_time=time.time(), worker_id=self.worker_id)
+                    claim, answer = self._claim(offer)
                     mine[claim.attempt_id] = claim
-                    answers[self.claims.expect(claim.meta.event_id)] = claim.meta.event_id
-                    self.events.send(self.events.topics.rollout_events, claim)
+                    answers[answer] = claim.meta.event_id
                     self.events.flush()
                     continue
             won = next((a for a in outcome.attempts if a.attempt_id in mine), None)
