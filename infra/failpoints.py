@@ -9,6 +9,7 @@ Failpoints in the code:
 | name | where |
 |---|---|
 | ``span-sink.after-insert`` | the sink, after a batch's rows are in ClickHouse and before its offsets are committed |
+| ``lifecycle.after-table-write`` | the lifecycle processor, after an event's new state is in its table (the local store), before the changelog write or any effect is sent |
 """
 
 from __future__ import annotations

@@ -30,6 +30,10 @@ class Settings(BaseSettings):
     # Local profile: how long a consumer's fetch may wait on the broker. The embedded broker always waits it out,
     # so it is the latency of every hop; each fetch also costs the broker work (much more on s3:// storage).
     local_fetch_wait_ms: int = Field(10, ge=1, le=10_000)
+    # Where the lifecycle processor keeps its table of rollout state: ``rocksdb`` on disk under ``data_dir``
+    # (memory bounded by the store's caches, warm after a restart) or ``memory`` (every rollout held in RAM,
+    # rebuilt from the changelog at each start). The changelog on Kafka is the durable copy either way.
+    table_store: Literal["rocksdb", "memory"] = "rocksdb"
 
     # Kafka security, passed to every client (confluent-kafka and Faust/aiokafka).
     kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"

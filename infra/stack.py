@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -96,6 +97,9 @@ class Stack:
         self.log_dir.mkdir(parents=True, exist_ok=True)
 
     def start_broker(self) -> str:
+        # The embedded broker keeps its log in memory and starts empty: local copies of tables built from an
+        # earlier log (the lifecycle processor's RocksDB store) belong to that log, not to this one.
+        shutil.rmtree(self.settings.data_dir / "faust", ignore_errors=True)
         self.broker = EmbeddedBroker(log_path=self.log_dir / "broker.log").start()
         self.settings = self.settings.model_copy(update={"bootstrap_servers": self.broker.bootstrap})
         write_stack_file(self.settings, self.broker)

@@ -106,14 +106,14 @@ def read_partition_ends(settings: Settings, starts: Iterable[tuple[Any, int]],
                         timeout: float = 60.0) -> dict[tuple[str, int], int]:
     """The next offset to be written of each partition, read from ``start - 1`` (a lower bound such as the
     embedded broker's "latest") to the end-of-partition event. ``starts``: (topic-partition, offset) pairs."""
-    starts = [(tp.topic, tp.partition, int(offset)) for tp, offset in starts]
-    if not starts:
+    wanted = [(str(tp.topic), int(tp.partition), int(offset)) for tp, offset in starts]
+    if not wanted:
         return {}
-    ends = {(t, p): max(0, o - 1) for t, p, o in starts}
+    ends = {(t, p): max(0, o - 1) for t, p, o in wanted}
     c = consumer(settings, group_id=f"changelog-ends-{os.getpid()}-{time.monotonic_ns()}",
                  **{"enable.partition.eof": True})
     try:
-        c.assign([TopicPartition(t, p, ends[(t, p)]) for t, p, _ in starts])
+        c.assign([TopicPartition(t, p, ends[(t, p)]) for t, p, _ in wanted])
         at_end: set[tuple[str, int]] = set()
         deadline = time.monotonic() + timeout
         while len(at_end) < len(ends):

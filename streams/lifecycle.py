@@ -13,11 +13,14 @@ import heapq
 import logging
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 import faust
+from confluent_kafka import KafkaException
 
 from litstream.infra import health
+from litstream.infra.failpoints import failpoint
 from litstream.infra.profiles import faust_profile
 from litstream.infra.settings import Settings
 from litstream.infra.topics import LIFECYCLE_TABLE, Topics
@@ -35,8 +38,9 @@ from litstream.schemas.events import (
     SequenceRequested,
     WorkerObserved,
 )
+from litstream.schemas.models import RUNNING
 
-from . import faust_patches, fold
+from . import faust_patches, fold, table_store
 from .deadletter import DeadLetter
 from .decisions import due, next_deadline
 from .state import RolloutState
@@ -48,6 +52,8 @@ LIFECYCLE_EVENTS = (RolloutEnqueued, RolloutStatusChanged, AttemptStarted, Attem
 ROLE = "lifecycle"
 TICK_S = 0.1  # timer resolution: a deadline is seen at most this late (plus the trip through the log)
 REINDEX_EVERY_S = 30.0  # a full re-index now and then, in case a rebalance slipped between ticks
+# RocksDB sizes per table partition (one database each): what bounds the processor's memory with that store.
+ROCKSDB_OPTIONS = {"write_buffer_size": 4 << 20, "max_write_buffer_number": 2, "block_cache_size": 8 << 20}
 
 
 def faust_broker_credentials(settings: Settings) -> dict[str, Any]:
@@ -85,7 +91,7 @@ class LifecycleProcessor:
             topic_allow_declare=False,  # every topic comes from the catalogue (litstream topics create)
             topic_disable_leader=True,
             web_enabled=False,
-            store="memory://",
+            store=f"{settings.table_store}://",
             table_standby_replicas=0,  # a worker holds only the partitions it owns
             datadir=str(datadir),
             **faust_profile(settings),
@@ -98,7 +104,8 @@ class LifecycleProcessor:
         self.dlq_topic = self.app.topic(self.topics.dlq("rollout-events"), **raw)
         self.workers_topic = self.app.topic(self.topics.workers, partitions=1, **raw)
         # Values are the state as JSON (the app's default serializer); the changelog makes them durable.
-        self.table = self.app.Table(LIFECYCLE_TABLE, partitions=settings.partitions, key_type=str)
+        self.table = self.app.Table(LIFECYCLE_TABLE, partitions=settings.partitions, key_type=str,
+                                    options=dict(ROCKSDB_OPTIONS) if settings.table_store == "rocksdb" else None)
         self.app.agent(self.source, name="fold")(self._fold_stream)
         self.app.timer(interval=2.0)(self._beat)
         self.app.timer(interval=TICK_S)(self._tick)
@@ -143,11 +150,15 @@ class LifecycleProcessor:
         if outcome.duplicate:
             self.stats["duplicates"] += 1
             if state is not None:
+                # A worker killed after a local RocksDB write but before its changelog write comes back with
+                # state the changelog lacks; writing it again puts it where the partition's next owner reads it.
+                self.table[rid] = {"partition": partition, "state": state.model_dump(mode="json")}
                 await self._resend_effects(event, state)
             return
         new = outcome.state
         if new is not None:
             self.table[rid] = {"partition": partition, "state": new.model_dump(mode="json")}
+            failpoint("lifecycle.after-table-write")  # fault tests: die with the change in the table, not on Kafka
             self._arm(rid, new, partition)
             snapshot = new.snapshot(event.meta, outcome.accepted, outcome.reason, outcome.reserved)
             await self.state_topic.send(key=rid.encode(), value=self.codec.encode(snapshot))
@@ -215,7 +226,7 @@ class LifecycleProcessor:
         self._deadlines.clear()
         self._heap.clear()
         for rid, raw in list(self.table.items()):
-            if raw.get("partition") in actives:
+            if raw.get("partition") in actives and raw["state"].get("status") in RUNNING:  # the rest has no timer
                 self._arm(rid, RolloutState.model_validate(raw["state"]), raw["partition"])
         self._indexed = actives
         self._indexed_at = time.monotonic()
@@ -260,4 +271,10 @@ def run(settings: Settings, loglevel: str = "info") -> None:
 
     processor = LifecycleProcessor(settings)
     health.beat(settings.data_dir, ROLE, starting=True, started=time.time())
+    if settings.table_store == "rocksdb":
+        try:
+            table_store.discard_if_ahead(settings, Path(processor.app.conf.tabledir), LIFECYCLE_TABLE,
+                                         processor.topics.lifecycle_changelog)
+        except KafkaException as exc:  # the broker is not up yet: Faust waits for it; the copy is kept
+            log.warning("could not compare the local table copy with its changelog (%s); keeping it", exc)
     Worker(processor.app, loglevel=loglevel, quiet=True).execute_from_commandline()

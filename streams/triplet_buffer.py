@@ -21,6 +21,11 @@ ended before the committed offset was finalized before the restart: it is skippe
 **Orphans.** Spans whose attempt no snapshot has named ``orphan_after_ms`` after its first span (an unknown
 rollout, or an attempt id its rollout never had) would hold the spans commit back forever: such an attempt is let
 go as an orphan (one dead letter, and its later spans are late spans).
+
+**Memory.** Besides the buffered spans (capped in bytes), the collector remembers per rollout which attempts its
+snapshots named and when each ended, for the ``remember_rollouts`` rollouts it heard of last, and the
+``remember_finalized`` attempts it finalized last. Past those counts the oldest are forgotten: a span of such an
+old attempt is then reported as an orphan rather than a late span, still a dead letter with its reason.
 """
 
 from __future__ import annotations
@@ -79,6 +84,14 @@ class Notice:
 
 
 @dataclass
+class RolloutMemo:
+    """What the collector remembers of one rollout: the attempts its snapshots named, and each ended one's cut."""
+
+    named: set[str] = field(default_factory=set)
+    cuts: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
 class Limits:
     settle_ms: int = 2000
     fetch_margin_ms: int = 250
@@ -86,6 +99,7 @@ class Limits:
     max_bytes_per_attempt: int = 64 << 20
     max_buffer_bytes: int = 512 << 20
     remember_finalized: int = 200_000
+    remember_rollouts: int = 200_000
     orphan_after_ms: int = 600_000
 
 
@@ -93,8 +107,7 @@ class Collector:
     def __init__(self, limits: Limits | None = None) -> None:
         self.limits = limits or Limits()
         self.pending: dict[AttemptKey, Attempt] = {}
-        self.ended: dict[int, dict[str, dict[str, int]]] = {}  # partition -> rollout -> attempt -> cut (ms)
-        self.named: dict[int, dict[str, set[str]]] = {}  # partition -> rollout -> attempts its snapshots named
+        self.rollouts: OrderedDict[tuple[int, str], RolloutMemo] = OrderedDict()  # (partition, rollout), LRU
         self.finalized_here: OrderedDict[AttemptKey, None] = OrderedDict()
         self.warm_until: dict[int, int] = {}  # state partition -> first live offset
         self.spans_pos: dict[int, int] = {}
@@ -114,7 +127,8 @@ class Collector:
         buffered = BufferedSpan(span, raw, offset, ts_ms)
         attempt = self.pending.get(key)
         if attempt is None:
-            cut = self.ended.get(partition, {}).get(span.rollout_id, {}).get(span.attempt_id)
+            memo = self.rollouts.get((partition, span.rollout_id))
+            cut = memo.cuts.get(span.attempt_id) if memo is not None else None
             if key in self.finalized_here or (cut is not None and ts_ms >= cut):
                 return [Notice("late_span", "late span: its attempt was already turned into triplets",
                                Attempt(span.rollout_id, span.attempt_id, partition), buffered)]
@@ -156,12 +170,15 @@ class Collector:
     def add_snapshot(self, partition: int, offset: int, ts_ms: int, snap: RolloutSnapshot) -> None:
         self.state_pos[partition] = offset + 1
         self.counts["snapshots"] += 1
-        known = self.ended.setdefault(partition, {}).setdefault(snap.rollout_id, {})
-        self.named.setdefault(partition, {}).setdefault(snap.rollout_id, set()).update(
-            a.attempt_id for a in snap.attempts)
+        memo = self._memo(partition, snap.rollout_id)
+        memo.named.update(a.attempt_id for a in snap.attempts)
+        known = memo.cuts
         live = offset >= self.warm_until.get(partition, 0)
         for a in snap.attempts:
             if a.attempt_id in known or not (a.status in ENDED or snap.status in FINISHED):
+                continue
+            if (snap.rollout_id, a.attempt_id) in self.finalized_here:  # its memo was forgotten, not the attempt
+                known[a.attempt_id] = ts_ms + self.limits.settle_ms
                 continue
             cut = ts_ms + self.limits.settle_ms
             known[a.attempt_id] = cut
@@ -171,6 +188,17 @@ class Collector:
                 if attempt.partition != partition:  # spans and state not co-partitioned: a misconfigured producer
                     self.counts["partition_mismatch"] += 1
                 attempt.cut_ms, attempt.state_offset, attempt.snapshot = cut, offset, snap
+
+    def _memo(self, partition: int, rollout_id: str) -> RolloutMemo:
+        key = (partition, rollout_id)
+        memo = self.rollouts.get(key)
+        if memo is None:
+            memo = self.rollouts[key] = RolloutMemo()
+            while len(self.rollouts) > self.limits.remember_rollouts:
+                self.rollouts.popitem(last=False)
+        else:
+            self.rollouts.move_to_end(key)
+        return memo
 
     def warming(self, partition: int) -> bool:
         return self.state_pos.get(partition, 0) < self.warm_until.get(partition, 0)
@@ -198,7 +226,8 @@ class Collector:
                 continue
             if now_ms - a.first_ts_ms < self.limits.orphan_after_ms:
                 continue
-            if a.attempt_id not in self.named.get(a.partition, {}).get(a.rollout_id, set()):
+            memo = self.rollouts.get((a.partition, a.rollout_id))
+            if memo is None or a.attempt_id not in memo.named:
                 out.append(a)
         return out
 
@@ -224,9 +253,10 @@ class Collector:
         """Partitions this process no longer owns: their next owner re-reads what was not committed."""
         for key in [k for k, a in self.pending.items() if a.partition in partitions]:
             self.buffer_bytes -= self.pending.pop(key).size
+        for memo_key in [k for k in self.rollouts if k[0] in partitions]:
+            del self.rollouts[memo_key]
         for p in partitions:
-            for table in (self.ended, self.named, self.warm_until, self.spans_pos, self.state_pos,
-                          self.newest_span_ms):
+            for table in (self.warm_until, self.spans_pos, self.state_pos, self.newest_span_ms):
                 table.pop(p, None)
 
     @property

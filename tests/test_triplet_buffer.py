@@ -75,3 +75,22 @@ def test_spans_no_snapshot_ever_names_are_let_go_as_orphans() -> None:
     for a in c.orphans(now_ms=1200):
         c.finalized(a)
     assert c.commit_points()[0] == {0: 2}  # the running attempt alone holds the commit now
+
+
+def test_memory_is_bounded_by_counts_and_a_forgotten_attempt_is_not_finalized_twice() -> None:
+    c = Collector(Limits(settle_ms=0, fetch_margin_ms=0, remember_rollouts=2, remember_finalized=2,
+                         orphan_after_ms=1000))
+    for i, rid in enumerate(["r1", "r2", "r3"]):
+        c.add_span(0, i, 100, span(rid, "a", i), b"x")
+        c.add_snapshot(0, i, 100, ended(rid, "a"))
+        for attempt in c.ready(0, now_ms=200, at_end=True):
+            c.finalized(attempt)
+    assert c.pending == {} and len(c.rollouts) == 2 and len(c.finalized_here) == 2
+    assert (0, "r1") not in c.rollouts
+    c.add_snapshot(0, 3, 300, ended("r3", "a"))  # a redelivered snapshot: its attempt was finalized
+    c.rollouts.pop((0, "r3"))  # forgotten by count, still known as finalized
+    c.add_snapshot(0, 4, 300, ended("r3", "a"))
+    assert c.pending == {}
+    # r1 is forgotten on both counts: a very late span of it ends up an orphan, still reported once
+    assert c.add_span(0, 5, 400, span("r1", "a", 5), b"x") == []
+    assert [a.key for a in c.orphans(now_ms=1500)] == [("r1", "a")]
