@@ -225,7 +225,7 @@ class LifecycleProcessor:
         """After a rebalance or recovery: index the deadlines of every rollout this worker now owns."""
         self._deadlines.clear()
         self._heap.clear()
-        for rid, raw in list(self.table.items()):
+        for rid, raw in self.table.items():  # read-only pass: nothing here awaits or writes the table
             if raw.get("partition") in actives and raw["state"].get("status") in RUNNING:  # the rest has no timer
                 self._arm(rid, RolloutState.model_validate(raw["state"]), raw["partition"])
         self._indexed = actives
