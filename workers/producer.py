@@ -35,9 +35,15 @@ class EventProducer:
             self._errors.append(f"{msg.topic()}: {err}")
             log.error("delivery to %s failed: %s", msg.topic(), err)
 
-    def send(self, topic: str, record: AvroModel) -> None:
-        """Encode and enqueue ``record``; the key is the record's own (rollout id, resources id, group id)."""
-        self.produce_raw(topic, str(record.key).encode(), self.codec.encode(record))  # type: ignore[attr-defined]
+    def send(self, topic: str, record: AvroModel, on_delivery: Any = None) -> None:
+        """Encode and enqueue ``record``; the key is the record's own (rollout id, resources id, group id).
+        ``on_delivery(err, msg)`` is called from a ``poll`` or ``flush`` once the broker answered."""
+        self.produce_raw(topic, str(record.key).encode(), self.codec.encode(record),  # type: ignore[attr-defined]
+                         on_delivery=on_delivery)
+
+    def poll(self, timeout: float = 0.0) -> None:
+        """Serve delivery reports (of any thread's records) for up to ``timeout`` seconds."""
+        self._producer.poll(timeout)
 
     def produce_raw(self, topic: str, key: bytes | None, value: bytes | None, on_delivery: Any = None,
                     headers: list[tuple[str, bytes]] | None = None) -> None:

@@ -234,7 +234,8 @@ class Runner:
             stop_beats.set()
             self._running.pop(ctx.attempt_id, None)
             self._slots.release()
-        self.events.flush()
+        # No flush here: the terminal event leaves in the producer's next batch (linger.ms), with the other slots'
+        # records; a flush per attempt would send every slot's records at once in small batches.
         with self._stats_lock:
             self.stats[outcome] += 1
             self.stats["spans"] += ctx.spans_emitted

@@ -37,6 +37,9 @@ REWARD_SPAN = "agentlightning.annotation"
 # Spans count as heartbeats (as in the reference), but the lifecycle processor does not read spans: the emitter
 # sends an explicit heartbeat with a span when the last one is older than this. See README "Heartbeats".
 SPAN_HEARTBEAT_S = 1.0
+# How long ``finish`` waits for the attempt's own spans to be delivered in the producer's normal batches before it
+# forces them out with a flush (a flush sends every queued record of the process at once, in small batches).
+SPAN_DELIVERY_WAIT_S = 0.5
 _current_span: contextvars.ContextVar[SpanHandle | None] = contextvars.ContextVar("litstream_span", default=None)
 
 
@@ -97,6 +100,8 @@ class AttemptContext:
                                                    "agentlightning.attempt_id": attempt_id})
         self.spans_emitted = 0
         self._last_beat = float("-inf")
+        self._undelivered = 0  # this attempt's spans not yet acknowledged by the broker
+        self._span_errors: list[str] = []
 
     def _sequence_id(self) -> int:
         with self._lock:
@@ -140,7 +145,9 @@ class AttemptContext:
             start_time_ns=h.start_time_ns, end_time_ns=end_ns, attributes=h.attributes, resource=self.resource,
             scope_name="litstream.sdk", resources_id=self.resources_id,
         )
-        self.producer.send(self.producer.topics.spans, span)
+        with self._lock:
+            self._undelivered += 1
+        self.producer.send(self.producer.topics.spans, span, on_delivery=self._span_delivered)
         self.spans_emitted += 1
         if time.monotonic() - self._last_beat > SPAN_HEARTBEAT_S:
             self.heartbeat()
@@ -161,13 +168,32 @@ class AttemptContext:
             meta=self.producer.factory.meta(self.rollout_id), attempt_id=self.attempt_id, time=time.time(),
             worker_id=self.worker_id, max_sequence_id=used))
 
+    def _span_delivered(self, err: Any, msg: Any) -> None:
+        with self._lock:
+            self._undelivered -= 1
+            if err is not None:
+                self._span_errors.append(str(err))
+
+    def _await_spans(self) -> None:
+        """Until every span of this attempt is on the broker: its own delivery reports, then a flush if slow."""
+        deadline = time.monotonic() + SPAN_DELIVERY_WAIT_S
+        while self._undelivered > 0 and time.monotonic() < deadline:
+            self.producer.poll(0.005)
+        if self._undelivered > 0:
+            self.producer.flush()
+        if self._span_errors:
+            errors, self._span_errors = self._span_errors, []
+            raise RuntimeError(f"{len(errors)} spans of attempt {self.attempt_id} were not delivered: {errors[:3]}")
+
     def finish(self, status: str, error: str | None = None) -> None:
         """End the attempt. Its spans are on the broker before the terminal event is sent, so they are written
         before the snapshot that ends the attempt: the triplet processor relies on that order (a slow producer
-        could otherwise deliver spans after their attempt was turned into triplets)."""
+        could otherwise deliver spans after their attempt was turned into triplets). It waits for this attempt's
+        spans only, in the batches the producer was making anyway: a process running many attempts does not
+        flush everyone's records at each attempt's end."""
         if self.max_sequence_id is not None:
             self.heartbeat()  # the counter moves past this attempt's spans before the next attempt starts
-        self.producer.flush()
+        self._await_spans()
         self.producer.send(self.producer.topics.rollout_events, AttemptStatusChanged(
             meta=self.producer.factory.meta(self.rollout_id), attempt_id=self.attempt_id, status=status,  # type: ignore[arg-type]
             time=time.time(), worker_id=self.worker_id, error=error))
