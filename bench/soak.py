@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -29,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -41,7 +43,7 @@ from rich.console import Console
 from rich.table import Table
 
 from litstream.infra import clickhouse
-from litstream.infra.kafka import admin, consumer
+from litstream.infra.kafka import admin, consumer, headers_dict, read_to_end
 from litstream.infra.settings import Settings
 from litstream.infra.stack import Stack
 from litstream.infra.topics import Topics
@@ -290,6 +292,7 @@ class SoakResult:
     settle_lag_s: float = 0.0
     plot: str | None = None
     rollouts: int = 0  # driven through: sizes.rollouts, or fewer if stopped early (SIGUSR1)
+    dead_letter_reasons: dict[str, int] = field(default_factory=dict)
 
 
 def _groups(topics: Topics, prefix: str) -> dict[str, list[str]]:
@@ -310,6 +313,20 @@ def _group_ids(topics: Topics, prefix: str) -> dict[str, str]:
 def _dlq_topics(settings: Settings, topics: Topics) -> list[str]:
     names = admin(settings).list_topics(timeout=10.0).topics
     return sorted(t for t in names if t.startswith(f"{settings.topic_prefix}.") and t.endswith(".dlq"))
+
+
+IDS = re.compile(r"\b(ro|at)-[0-9a-f]+")
+
+
+def _dead_letter_reasons(settings: Settings, dlq_topics: list[str], top: int = 10) -> dict[str, int]:
+    """The commonest dead-letter reasons (first line, ids cut off), to say what went wrong without the logs."""
+    reasons: Counter[str] = Counter()
+    for topic in dlq_topics:
+        for msg in read_to_end(settings, topic):
+            reason = headers_dict(msg).get("litstream.dlq.reason", b"?").decode(errors="replace").splitlines()[0]
+            short = IDS.sub(lambda m: m.group(1) + "-*", reason)[:120]
+            reasons[f"{topic.removeprefix(settings.topic_prefix + '.')}: {short}"] += 1
+    return dict(reasons.most_common(top))
 
 
 def _count(settings: Settings, sql: str) -> int:
@@ -441,6 +458,7 @@ def soak(ctx: Context, sizes: Sizes, results_dir: Path) -> SoakResult:
                 dead = {t: dlq_ends.total(t) for t in dlq if (dlq_ends.exact() and dlq_ends.total(t))}
             finally:
                 dlq_ends.close()
+            result.dead_letter_reasons = _dead_letter_reasons(settings, list(dead))
             result.checks = {
                 "rollouts_enqueued": enqueued,
                 "rollouts_by_status": dict(finished.by_status),
@@ -459,6 +477,7 @@ def soak(ctx: Context, sizes: Sizes, results_dir: Path) -> SoakResult:
                 "triplets_in_clickhouse": _count(settings, "SELECT count() FROM triplets FINAL"),
                 "dead_letters": dead,
             }
+            check(result)  # here, so that a failed check keeps the processes' logs
         finally:
             for g in lags.values():
                 g.close()
@@ -627,7 +646,8 @@ def check(result: SoakResult) -> None:
     lost = to_report(result).params["lost"]
     bad = {k: v for k, v in lost.items() if v}
     if bad or any(v for per in result.final_lag.values() for v in per.values()):
-        raise RuntimeError(f"the soak lost data or left lag: {bad}, lag {result.final_lag}")
+        raise RuntimeError(f"the soak lost data or left lag: {bad}, lag {result.final_lag}; "
+                           f"dead letters by reason: {result.dead_letter_reasons}")
 
 
 def run_sizes(ctx: Context, sizes: Sizes, results_dir: Path = RESULTS_DIR) -> Report:
@@ -635,9 +655,7 @@ def run_sizes(ctx: Context, sizes: Sizes, results_dir: Path = RESULTS_DIR) -> Re
     print_memory(ctx.console, result)
     if result.plot:
         ctx.console.print(f"plot: {result.plot}")
-    report = to_report(result)
-    check(result)
-    return report
+    return to_report(result)
 
 
 def run(ctx: Context) -> Report:

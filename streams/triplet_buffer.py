@@ -108,7 +108,7 @@ class Collector:
         self.limits = limits or Limits()
         self.pending: dict[AttemptKey, Attempt] = {}
         self.rollouts: OrderedDict[tuple[int, str], RolloutMemo] = OrderedDict()  # (partition, rollout), LRU
-        self.finalized_here: OrderedDict[AttemptKey, None] = OrderedDict()
+        self.finalized_here: OrderedDict[AttemptKey, int] = OrderedDict()  # -> its partition
         self.warm_until: dict[int, int] = {}  # state partition -> first live offset
         self.spans_pos: dict[int, int] = {}
         self.state_pos: dict[int, int] = {}
@@ -234,7 +234,7 @@ class Collector:
     def finalized(self, attempt: Attempt) -> None:
         self.pending.pop(attempt.key, None)
         self.buffer_bytes -= attempt.size
-        self.finalized_here[attempt.key] = None
+        self.finalized_here[attempt.key] = attempt.partition
         while len(self.finalized_here) > self.limits.remember_finalized:
             self.finalized_here.popitem(last=False)
 
@@ -255,6 +255,10 @@ class Collector:
             self.buffer_bytes -= self.pending.pop(key).size
         for memo_key in [k for k in self.rollouts if k[0] in partitions]:
             del self.rollouts[memo_key]
+        # What was finalized here is re-read from the commit points like the rest: if the partitions come back,
+        # its spans are replayed (ended before the committed snapshot) or finalized again (same triplet ids).
+        for done in [k for k, p in self.finalized_here.items() if p in partitions]:
+            del self.finalized_here[done]
         for p in partitions:
             for table in (self.warm_until, self.spans_pos, self.state_pos, self.newest_span_ms):
                 table.pop(p, None)

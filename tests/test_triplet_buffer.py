@@ -94,3 +94,16 @@ def test_memory_is_bounded_by_counts_and_a_forgotten_attempt_is_not_finalized_tw
     # r1 is forgotten on both counts: a very late span of it ends up an orphan, still reported once
     assert c.add_span(0, 5, 400, span("r1", "a", 5), b"x") == []
     assert [a.key for a in c.orphans(now_ms=1500)] == [("r1", "a")]
+
+
+def test_partitions_given_back_are_read_again_as_after_a_restart() -> None:
+    c = Collector(Limits(settle_ms=0, fetch_margin_ms=0))
+    c.add_span(0, 0, 100, span("r", "a", 0), b"x")
+    c.add_snapshot(0, 0, 100, ended("r", "a"))
+    [attempt] = c.ready(0, now_ms=200, at_end=True)
+    c.finalized(attempt)
+    c.forget({0})  # revoked before its commit covered the attempt; then assigned to this process again
+    assert c.finalized_here == {} and c.rollouts == {}
+    c.add_snapshot(0, 0, 100, ended("r", "a"))  # live again: finalized again, with the same triplet ids
+    assert c.add_span(0, 0, 100, span("r", "a", 0), b"x") == []  # not a late span
+    assert [len(a.spans) for a in c.ready(0, now_ms=200, at_end=True)] == [1]
