@@ -98,8 +98,8 @@ class Limits:
     max_spans_per_attempt: int = 20_000
     max_bytes_per_attempt: int = 64 << 20
     max_buffer_bytes: int = 512 << 20
-    remember_finalized: int = 200_000
-    remember_rollouts: int = 200_000
+    remember_finalized: int = 50_000
+    remember_rollouts: int = 50_000
     orphan_after_ms: int = 600_000
 
 
