@@ -180,9 +180,8 @@ class TripletProcessor:
 
     def _finalize_ready(self) -> None:
         now_ms = int(time.time() * 1000)
-        ends = self._ends[self.topics.spans].at_end
         for partition in sorted({a.partition for a in self.collector.pending.values()}):
-            for attempt in self.collector.ready(partition, now_ms, partition in ends):
+            for attempt in self.collector.ready(partition, now_ms, self._spans_read_to_end(partition)):
                 self._finalize(attempt)
                 self._dirty = True
         if now_ms - self._orphans_checked_ms >= 5000:
@@ -193,6 +192,21 @@ class TripletProcessor:
                                               "(unknown rollout or attempt id): let go", attempt))
                 self.collector.finalized(attempt)
                 self._dirty = True
+
+    def _spans_read_to_end(self, partition: int) -> bool:
+        """Whether every span the broker held at the latest fetch has been handled. The end-of-partition event
+        comes once, when the end is reached, and the flag stays raised while nothing new is delivered: spans
+        appended since (before a snapshot this process has already read) may still sit unfetched or in the
+        client's queue behind other partitions. So the flag is checked against the high-water mark of the latest
+        fetch response, which for a partition fetched with that snapshot counts those spans."""
+        if partition not in self._ends[self.topics.spans].at_end:
+            return False
+        tp = TopicPartition(self.topics.spans, partition)
+        _, high = self._consumer.get_watermark_offsets(tp, cached=True)
+        if high < 0:  # no fetch response seen for it yet: only the end-of-partition event to go by
+            return True
+        [pos] = self._consumer.position([tp])
+        return pos.offset < 0 or pos.offset >= high
 
     def _finalize(self, attempt: Attempt) -> None:
         on_time, late = attempt.split()

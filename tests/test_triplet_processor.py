@@ -147,10 +147,10 @@ def test_attempt_without_usable_triplet_is_a_dead_letter_and_a_metric(settings: 
 
 
 class SendsSpansTwice(EventProducer):
-    def send(self, topic: str, record: AvroModel) -> None:
-        super().send(topic, record)
+    def send(self, topic: str, record: AvroModel, on_delivery: Any = None) -> None:
+        super().send(topic, record, on_delivery=on_delivery)
         if topic == self.topics.spans:
-            super().send(topic, record)
+            super().send(topic, record)  # the copy: its delivery is nobody's business
 
 
 @pytest.mark.usefixtures("processor_running")
@@ -228,3 +228,42 @@ def test_group_id_falls_back_to_a_stable_hash_of_the_input() -> None:
     assert group_id_of(snap({"a": 1, "b": 2}), "ro-1") == group_id_of(snap({"b": 2, "a": 1}), "ro-2")
     assert group_id_of(snap({"a": 1}), "ro-1") != group_id_of(snap({"a": 2}), "ro-1")
     assert group_id_of(snap({"a": 1}, group_id="g"), "ro-1") == "g"
+
+
+def test_spans_appended_after_the_end_was_reached_are_waited_for(settings: Settings) -> None:
+    """The end-of-partition event is raised once and stays; spans the broker got since must still be read before
+    an attempt is finalized "at the end" (seen under load: all of an attempt's spans dead-lettered as late)."""
+    from confluent_kafka import KafkaError
+
+    from litstream.infra.kafka import producer
+
+    processor = TripletProcessor(settings, poll_s=0.05)
+    spans_topic = processor.topics.spans
+    raw = producer(settings)
+
+    def pump(until_eof: bool) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            for msg in processor._consumer.consume(100, 0.1):
+                processor._ends[str(msg.topic())].record(msg)
+                err = msg.error()
+                if (until_eof and msg.topic() == spans_topic and msg.partition() == 0 and err is not None
+                        and err.code() == KafkaError._PARTITION_EOF):
+                    return
+        assert not until_eof, "no end-of-partition event"
+
+    try:
+        raw.produce(spans_topic, key=b"k", value=b"first", partition=0)
+        raw.flush(10)
+        processor._consumer.subscribe([spans_topic, processor.topics.state], on_assign=processor._on_assign)
+        pump(until_eof=True)
+        assert processor._spans_read_to_end(0)
+        raw.produce(spans_topic, key=b"k", value=b"second", partition=0)
+        raw.flush(10)
+        time.sleep(1.5)  # the client fetches it into its queue (and learns the new end); nothing is consumed
+        assert 0 in processor._ends[spans_topic].at_end  # the flag alone would say "at the end"
+        assert not processor._spans_read_to_end(0)
+        pump(until_eof=True)
+        assert processor._spans_read_to_end(0)
+    finally:
+        processor._consumer.close()
