@@ -319,15 +319,18 @@ REJECTED_CLAIM = "rollout-events.dlq: claim rejected:"
 IDS = re.compile(r"\b(ro|at)-[0-9a-f]+")
 
 
-def _dead_letter_reasons(settings: Settings, dlq_topics: list[str]) -> Counter[str]:
-    """Dead letters by reason (first line, ids cut off), to say what went wrong without the logs."""
+def _dead_letters(settings: Settings, dlq_topics: list[str]) -> tuple[dict[str, int], Counter[str]]:
+    """Every dead letter, read to the end of its topic: the count per topic that has any, and the count per reason
+    (first line, ids cut off), to say what went wrong without the logs."""
+    per_topic: Counter[str] = Counter()
     reasons: Counter[str] = Counter()
     for topic in dlq_topics:
         for msg in read_to_end(settings, topic):
+            per_topic[topic] += 1
             reason = headers_dict(msg).get("litstream.dlq.reason", b"?").decode(errors="replace").splitlines()[0]
             short = IDS.sub(lambda m: m.group(1) + "-*", reason)[:120]
             reasons[f"{topic.removeprefix(settings.topic_prefix + '.')}: {short}"] += 1
-    return reasons
+    return dict(per_topic), reasons
 
 
 def _count(settings: Settings, sql: str) -> int:
@@ -453,13 +456,7 @@ def soak(ctx: Context, sizes: Sizes, results_dir: Path) -> SoakResult:
                 time.sleep(sizes.sample_s)
                 result.samples.append(_sample(settings, time.monotonic() - start, enqueued, finished.finished, pids,
                                               ends, lags))
-            dlq = _dlq_topics(settings, topics)
-            dlq_ends = Ends(settings, dlq)
-            try:
-                dead = {t: dlq_ends.total(t) for t in dlq if (dlq_ends.exact() and dlq_ends.total(t))}
-            finally:
-                dlq_ends.close()
-            reasons = _dead_letter_reasons(settings, list(dead))
+            dead, reasons = _dead_letters(settings, _dlq_topics(settings, topics))
             result.dead_letter_reasons = dict(reasons.most_common(10))
             result.checks = {
                 "rollouts_enqueued": enqueued,

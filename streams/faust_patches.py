@@ -19,14 +19,10 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import KafkaError, TopicPartition
-
-from litstream.infra.kafka import consumer
+from litstream.infra.kafka import read_partition_ends
 from litstream.infra.settings import Settings
 
 _applied: set[str] = set()
@@ -100,35 +96,3 @@ def _true_changelog_ends(settings: Settings) -> None:
 
     AIOKafkaConsumerThread._highwaters = true_highwaters  # type: ignore[method-assign]
     _applied.add("highwaters")
-
-
-def read_partition_ends(settings: Settings, starts: Iterable[tuple[Any, int]],
-                        timeout: float = 60.0) -> dict[tuple[str, int], int]:
-    """The next offset to be written of each partition, read from ``start - 1`` (a lower bound such as the
-    embedded broker's "latest") to the end-of-partition event. ``starts``: (topic-partition, offset) pairs."""
-    wanted = [(str(tp.topic), int(tp.partition), int(offset)) for tp, offset in starts]
-    if not wanted:
-        return {}
-    ends = {(t, p): max(0, o - 1) for t, p, o in wanted}
-    c = consumer(settings, group_id=f"changelog-ends-{os.getpid()}-{time.monotonic_ns()}",
-                 **{"enable.partition.eof": True})
-    try:
-        c.assign([TopicPartition(t, p, ends[(t, p)]) for t, p, _ in wanted])
-        at_end: set[tuple[str, int]] = set()
-        deadline = time.monotonic() + timeout
-        while len(at_end) < len(ends):
-            if time.monotonic() > deadline:
-                missing = sorted(set(ends) - at_end)
-                raise TimeoutError(f"changelog partitions not read to their end within {timeout:.0f}s: {missing}")
-            for msg in c.consume(num_messages=1000, timeout=0.5):
-                key = (str(msg.topic()), int(msg.partition() or 0))
-                err = msg.error()
-                if err is None:
-                    ends[key] = max(ends[key], int(msg.offset() or 0) + 1)
-                    at_end.discard(key)
-                elif err.code() == KafkaError._PARTITION_EOF:
-                    ends[key] = max(ends[key], int(msg.offset() or 0))
-                    at_end.add(key)
-        return ends
-    finally:
-        c.close()

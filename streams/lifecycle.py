@@ -150,9 +150,11 @@ class LifecycleProcessor:
         if outcome.duplicate:
             self.stats["duplicates"] += 1
             if state is not None:
-                # A worker killed after a local RocksDB write but before its changelog write comes back with
-                # state the changelog lacks; writing it again puts it where the partition's next owner reads it.
-                self.table[rid] = {"partition": partition, "state": state.model_dump(mode="json")}
+                if self.settings.table_store == "rocksdb":
+                    # A worker killed after a local RocksDB write but before its changelog write comes back with
+                    # state the changelog lacks; writing it again puts it where the partition's next owner reads
+                    # it. (An in-memory table is rebuilt from the changelog, so it holds nothing the log lacks.)
+                    self.table[rid] = {"partition": partition, "state": state.model_dump(mode="json")}
                 await self._resend_effects(event, state)
             return
         new = outcome.state

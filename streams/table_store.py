@@ -16,12 +16,8 @@ import logging
 import shutil
 from pathlib import Path
 
-from confluent_kafka import TopicPartition
-
-from litstream.infra.kafka import consumer
+from litstream.infra.kafka import end_offsets
 from litstream.infra.settings import Settings
-
-from .faust_patches import read_partition_ends
 
 log = logging.getLogger("litstream.lifecycle")
 OFFSET_KEY = b"__faust\0offset__"  # where Faust's RocksDB store keeps a partition's persisted changelog offset
@@ -47,27 +43,13 @@ def persisted_offset(path: Path) -> int | None:
         db.close()
 
 
-def changelog_ends(settings: Settings, topic: str, partitions: list[int]) -> dict[int, int]:
-    """The next offset each changelog partition will be written at."""
-    c = consumer(settings, group_id=f"{topic}-ends")
-    try:
-        reported = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions}
-    finally:
-        c.close()
-    if settings.profile != "local":
-        return reported
-    # The embedded broker reports the last batch's base offset + 1 as the end: read on to the true one.
-    ends = read_partition_ends(settings, [(TopicPartition(topic, p), o) for p, o in reported.items()])
-    return {p: ends[(topic, p)] for p in partitions}
-
-
 def discard_if_ahead(settings: Settings, tabledir: Path, table: str, changelog: str) -> list[int]:
     """Remove every local copy if any is ahead of its changelog partition; returns the partitions found ahead."""
     copies = local_copies(tabledir, table)
     if not copies:
         return []
     offsets = {p: persisted_offset(path) for p, path in copies.items()}
-    ends = changelog_ends(settings, changelog, sorted(copies))
+    ends = end_offsets(settings, changelog, sorted(copies))
     ahead = sorted(p for p, off in offsets.items() if off is not None and off >= ends[p])
     if ahead:
         log.warning("the local table copy in %s is ahead of %s (partitions %s): the log was reset since it was "

@@ -10,7 +10,7 @@ from typing import Any
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
 
-from litstream.infra.kafka import admin
+from litstream.infra.kafka import admin, read_partition_ends
 from litstream.infra.settings import Settings
 from litstream.streams import faust_patches
 
@@ -30,7 +30,7 @@ def test_the_changelog_end_is_read_past_the_last_batch_start(settings: Settings)
     finally:
         probe.close()
 
-    ends = faust_patches.read_partition_ends(
+    ends = read_partition_ends(
         settings, [(TopicPartition(topic, 0), reported[0]), (TopicPartition(topic, 1), reported[1])])
 
     assert ends == {(topic, 0): 15, (topic, 1): 0}
