@@ -109,6 +109,7 @@ class PartitionEnds:
 
     def __init__(self) -> None:
         self.at_end: set[int] = set()
+        self.eof_offset: dict[int, int] = {}  # partition -> offset of its latest end-of-partition event
 
     def record(self, msg: Message) -> bool:
         """True for a data record; False for anything else (an end of partition is noted)."""
@@ -119,10 +120,58 @@ class PartitionEnds:
             return True
         if err.code() == KafkaError._PARTITION_EOF:
             self.at_end.add(partition)
+            self.eof_offset[partition] = int(msg.offset() or 0)
         return False
 
     def covers(self, partitions: Iterable[int]) -> bool:
         return set(partitions) <= self.at_end
+
+    def forget(self, partitions: Iterable[int]) -> None:
+        """Partitions revoked or assigned anew: an end reached under an earlier assignment says nothing now (the
+        new one starts from the committed offset, and the flag would stay raised until a record came)."""
+        for p in partitions:
+            self.at_end.discard(p)
+            self.eof_offset.pop(p, None)
+
+
+class Backpressure:
+    """Pauses and resumes a group consumer's whole assignment.
+
+    librdkafka keeps a partition's pause flag when the partition is revoked and assigned again: a resume issued
+    while a rebalance had left the assignment empty would leave the partitions that come back paused for good (seen
+    under load: after lost group sessions, every runner stopped taking offers). So the wanted state is applied again
+    whenever the assignment changes; call :meth:`hold` or :meth:`release` before each poll."""
+
+    def __init__(self, c: _Consumer) -> None:
+        self._c = c
+        self.paused = False
+        self._applied: frozenset[tuple[str, int]] = frozenset()
+
+    def hold(self) -> None:
+        self._apply(True)
+
+    def release(self) -> None:
+        self._apply(False)
+
+    def _apply(self, paused: bool) -> None:
+        assignment = self._c.assignment()
+        current = frozenset((tp.topic, tp.partition) for tp in assignment)
+        if paused == self.paused and current == self._applied:
+            return
+        if assignment:
+            (self._c.pause if paused else self._c.resume)(assignment)
+        self.paused, self._applied = paused, current
+
+    def put_back(self, msg: Message) -> None:
+        """A record that came while held (fetched just before a rebalance handed its partition over unpaused):
+        rewind to it, so it is delivered again once released rather than skipped by a later commit."""
+        if msg.error() is not None:
+            return
+        tp = TopicPartition(str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0))
+        try:
+            self._c.seek(tp)
+        except KafkaException as exc:  # not assigned any more: its new owner reads it from the committed offset
+            log.warning("could not rewind to %s[%d]@%d (%s)", tp.topic, tp.partition, tp.offset, exc)
 
 
 def commit_sync(c: _Consumer, offsets: list[TopicPartition]) -> bool:

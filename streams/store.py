@@ -258,7 +258,8 @@ class LitStore:
         if self._offers is None:
             self._offers = consumer(self.settings, group_id=f"{self.settings.topic_prefix}-runners",
                                     **{"enable.partition.eof": True})
-            self._offers.subscribe([self.events.topics.offers])
+            self._offers.subscribe([self.events.topics.offers], on_assign=self._offer_partitions_moved,
+                                   on_revoke=self._offer_partitions_moved)
             # Joining the group takes a few seconds; only the first dequeue waits for it.
             joined_by = time.monotonic() + 15.0
             while not self._offers.assignment() and time.monotonic() < joined_by:
@@ -280,6 +281,9 @@ class LitStore:
             offer = self._decode_offer(msg.value())
             if offer is not None:
                 return offer, (int(msg.partition() or 0), int(msg.offset() or 0))
+
+    def _offer_partitions_moved(self, _c: Any, partitions: list[TopicPartition]) -> None:
+        self._offer_ends.forget(tp.partition for tp in partitions)
 
     def _decode_offer(self, value: bytes | None) -> RolloutOffered | None:
         try:

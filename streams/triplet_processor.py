@@ -90,6 +90,8 @@ class TripletProcessor:
     # -- partitions -----------------------------------------------------------------------------------------
 
     def _on_assign(self, c: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self._ends[tp.topic].forget([tp.partition])
         state = [tp for tp in partitions if tp.topic == self.topics.state]
         committed = {tp.partition: tp.offset for tp in c.committed(state, timeout=30)} if state else {}
         warm: list[TopicPartition] = []
@@ -110,6 +112,8 @@ class TripletProcessor:
     def _on_revoke(self, c: Consumer, partitions: list[TopicPartition]) -> None:
         self._flush_and_commit()
         self.collector.forget({tp.partition for tp in partitions})
+        for tp in partitions:
+            self._ends[tp.topic].forget([tp.partition])
         self._paused -= {tp.partition for tp in partitions}
         self._committed = {k: v for k, v in self._committed.items() if k[1] not in {tp.partition for tp in partitions}}
 
@@ -198,15 +202,20 @@ class TripletProcessor:
         comes once, when the end is reached, and the flag stays raised while nothing new is delivered: spans
         appended since (before a snapshot this process has already read) may still sit unfetched or in the
         client's queue behind other partitions. So the flag is checked against the high-water mark of the latest
-        fetch response, which for a partition fetched with that snapshot counts those spans."""
-        if partition not in self._ends[self.topics.spans].at_end:
+        fetch response, which for a partition fetched with that snapshot counts those spans. The flags are dropped
+        with every revoke and assign: after a lost session the partition comes back at its committed offset, and a
+        flag from before would finalize attempts whose spans are not fetched yet (seen under load)."""
+        ends = self._ends[self.topics.spans]
+        if partition not in ends.at_end:
             return False
         tp = TopicPartition(self.topics.spans, partition)
         _, high = self._consumer.get_watermark_offsets(tp, cached=True)
         if high < 0:  # no fetch response seen for it yet: only the end-of-partition event to go by
             return True
         [pos] = self._consumer.position([tp])
-        return pos.offset < 0 or pos.offset >= high
+        # No record consumed under this assignment yet: the end-of-partition event's offset is the position.
+        position = pos.offset if pos.offset >= 0 else ends.eof_offset.get(partition, -1)
+        return position >= high
 
     def _finalize(self, attempt: Attempt) -> None:
         on_time, late = attempt.split()

@@ -18,7 +18,7 @@ from typing import Any
 from confluent_kafka import KafkaError, Message, TopicPartition
 
 from litstream.infra import health
-from litstream.infra.kafka import commit_sync, consumer, poll_batch
+from litstream.infra.kafka import Backpressure, commit_sync, consumer, poll_batch
 from litstream.infra.settings import Settings
 from litstream.schemas.codec import DecodeError
 from litstream.schemas.events import AttemptStarted, RolloutOffered
@@ -72,7 +72,7 @@ class Runner:
         c = consumer(self.settings, group_id=f"{self.settings.topic_prefix}-runners",
                      **{"max.poll.interval.ms": 600_000})
         c.subscribe([self.events.topics.offers])
-        paused = False
+        gate = Backpressure(c)
         last_beat = 0.0
         sent = 0
         try:
@@ -88,14 +88,12 @@ class Runner:
                     free += 1
                 # Back-pressure: with every slot busy, pause fetching but keep polling (group membership).
                 if not free:
-                    if not paused and c.assignment():
-                        c.pause(c.assignment())
-                        paused = True
-                    c.poll(0.1)
+                    gate.hold()
+                    held = c.poll(0.1)
+                    if held is not None:
+                        gate.put_back(held)
                     continue
-                if paused:
-                    c.resume(c.assignment())
-                    paused = False
+                gate.release()
                 offers = [m for m in poll_batch(c, 0.5, free) if _is_record(m)]
                 claims = [self._send_claim(m.value(), m.topic(), m.partition(), m.offset(), m.key()) for m in offers]
                 if offers:
