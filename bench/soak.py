@@ -78,11 +78,15 @@ class Sizes:
     sample_s: float = 5.0
     stall_s: float = 300.0  # no rollout finished for this long: fail with the diagnostics
     settle_s: float = 600.0  # after the last rollout: time for the lag to reach zero and ClickHouse to hold all
+    # Every client's fetch wait on the embedded broker (LITSTREAM_LOCAL_FETCH_WAIT_MS; None: the setting's 10 ms).
+    # It answers a fetch only when the wait is over, and each fetch costs it time in proportion to the batches in
+    # the partitions fetched: a dozen consumers fetching every 10 ms kept it busy while the log grew.
+    fetch_wait_ms: int | None = None
 
 
 # 16 partitions, not the default 4: the lifecycle processor's produce requests carry one batch per partition, so
 # more partitions mean more records per request; the rates in the README were measured with 16.
-FULL = Sizes(rollouts=100_000, spans=10, runners=4, concurrency=32, partitions=16)
+FULL = Sizes(rollouts=100_000, spans=10, runners=4, concurrency=32, partitions=16, fetch_wait_ms=100)
 DEFAULT = Sizes(rollouts=1_000, spans=10, runners=4, concurrency=32, partitions=16)  # `python -m litstream.bench`: a smoke run
 QUICK = Sizes(rollouts=300, spans=10, runners=2, concurrency=4, partitions=4, in_flight=300, sample_s=2.0,
               stall_s=120.0, settle_s=120.0)
@@ -365,7 +369,8 @@ def soak(ctx: Context, sizes: Sizes, results_dir: Path) -> SoakResult:
     result = SoakResult(sizes)
     with _run_dir(results_dir) as tmp, \
             Stack(Settings(partitions=sizes.partitions, data_dir=Path(tmp) / "data",
-                           topic_prefix=f"bench-soak-{secrets.token_hex(3)}")) as stack:
+                           topic_prefix=f"bench-soak-{secrets.token_hex(3)}",
+                           **({"local_fetch_wait_ms": sizes.fetch_wait_ms} if sizes.fetch_wait_ms else {}))) as stack:
         ctx.step(f"starting the embedded broker (data dir {tmp})")
         stack.start_broker()
         stack.create_topics()
@@ -681,6 +686,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="partitions of the per-rollout topics (runners beyond this many get no offers)")
     parser.add_argument("--in-flight", type=int, default=DEFAULT.in_flight)
     parser.add_argument("--sample-s", type=float, default=DEFAULT.sample_s)
+    parser.add_argument("--fetch-wait-ms", type=int, default=None,
+                        help="every client's fetch wait on the embedded broker (default: 100 beyond 300 rollouts, "
+                             "else the setting's 10)")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
     spans = args.spans if args.spans is not None else args.rollouts * DEFAULT.spans
@@ -688,7 +696,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--spans must be a multiple of --rollouts with at least 3 spans per rollout")
     sizes = Sizes(rollouts=args.rollouts, spans=spans // args.rollouts, runners=args.runners,
                   concurrency=args.concurrency, partitions=args.partitions, in_flight=args.in_flight, sample_s=args.sample_s,
-                  stall_s=FULL.stall_s if args.rollouts > QUICK.rollouts else QUICK.stall_s)
+                  stall_s=FULL.stall_s if args.rollouts > QUICK.rollouts else QUICK.stall_s,
+                  fetch_wait_ms=args.fetch_wait_ms or (FULL.fetch_wait_ms if args.rollouts > QUICK.rollouts else None))
     console = Console() if sys.stdout.isatty() else Console(width=150)
     m = machine()
     print_machine(console, m)
