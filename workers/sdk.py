@@ -38,8 +38,12 @@ REWARD_SPAN = "agentlightning.annotation"
 # sends an explicit heartbeat with a span when the last one is older than this. See README "Heartbeats".
 SPAN_HEARTBEAT_S = 1.0
 # How long ``finish`` waits for the attempt's own spans to be delivered in the producer's normal batches before it
-# forces them out with a flush (a flush sends every queued record of the process at once, in small batches).
-SPAN_DELIVERY_WAIT_S = 0.5
+# forces them out with a flush. A flush sends every queued record of the process at once, in small batches, and
+# does not make a busy broker answer sooner: with 0.5 s here, a loaded broker's slower acks turned most attempts'
+# ends into flushes, whose small batches loaded it further. Waiting threads block in the producer's poll (which
+# serves everyone's delivery reports) rather than spin.
+SPAN_DELIVERY_WAIT_S = 5.0
+SPAN_POLL_S = 0.05
 _current_span: contextvars.ContextVar[SpanHandle | None] = contextvars.ContextVar("litstream_span", default=None)
 
 
@@ -178,7 +182,7 @@ class AttemptContext:
         """Until every span of this attempt is on the broker: its own delivery reports, then a flush if slow."""
         deadline = time.monotonic() + SPAN_DELIVERY_WAIT_S
         while self._undelivered > 0 and time.monotonic() < deadline:
-            self.producer.poll(0.005)
+            self.producer.poll(SPAN_POLL_S)
         if self._undelivered > 0:
             self.producer.flush()
         if self._span_errors:
