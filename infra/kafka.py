@@ -137,10 +137,11 @@ class PartitionEnds:
 class Backpressure:
     """Pauses and resumes a group consumer's whole assignment.
 
-    librdkafka keeps a partition's pause flag when the partition is revoked and assigned again: a resume issued
-    while a rebalance had left the assignment empty would leave the partitions that come back paused for good (seen
-    under load: after lost group sessions, every runner stopped taking offers). So the wanted state is applied again
-    whenever the assignment changes; call :meth:`hold` or :meth:`release` before each poll."""
+    Across a rebalance librdkafka keeps a partition's pause flag or drops it, depending on where the partition
+    went: a consumer that paused or resumed once could find partitions that came back paused for good (seen under
+    load: after lost group sessions, every runner stopped taking offers) or fetching while it meant to hold. So the
+    wanted state is applied again whenever the assignment changes; call :meth:`hold` or :meth:`release` before each
+    poll."""
 
     def __init__(self, c: _Consumer) -> None:
         self._c = c

@@ -89,9 +89,13 @@ class TripletProcessor:
 
     # -- partitions -----------------------------------------------------------------------------------------
 
+    def _forget_ends(self, partitions: list[TopicPartition]) -> None:
+        """An end reached under an earlier assignment says nothing about this one (see ``_spans_read_to_end``)."""
+        for topic, ends in self._ends.items():
+            ends.forget(tp.partition for tp in partitions if tp.topic == topic)
+
     def _on_assign(self, c: Consumer, partitions: list[TopicPartition]) -> None:
-        for tp in partitions:
-            self._ends[tp.topic].forget([tp.partition])
+        self._forget_ends(partitions)
         state = [tp for tp in partitions if tp.topic == self.topics.state]
         committed = {tp.partition: tp.offset for tp in c.committed(state, timeout=30)} if state else {}
         warm: list[TopicPartition] = []
@@ -112,8 +116,7 @@ class TripletProcessor:
     def _on_revoke(self, c: Consumer, partitions: list[TopicPartition]) -> None:
         self._flush_and_commit()
         self.collector.forget({tp.partition for tp in partitions})
-        for tp in partitions:
-            self._ends[tp.topic].forget([tp.partition])
+        self._forget_ends(partitions)
         self._paused -= {tp.partition for tp in partitions}
         self._committed = {k: v for k, v in self._committed.items() if k[1] not in {tp.partition for tp in partitions}}
 
