@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo test bench compose-check up clean
+.PHONY: install baseline demo test bench compose-check up clean
 
 install: $(STAMP)
 
@@ -13,6 +13,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]' -c constraints-cpu.txt
 	@touch $(STAMP)
+
+# Agent Lightning 0.3.0 in its own virtualenv (.venv-agl; its pins conflict with Faust's): the benchmarks' baseline
+# and the compatibility tests' stock client. Made once; a no-op when it is there.
+baseline: install
+	$(BIN)/python -m litstream.bench --prepare-baseline
 
 MODEL ?= tiny
 
@@ -24,7 +29,7 @@ ifeq ($(MODEL),smollm2)
 endif
 	OMP_NUM_THREADS=1 $(BIN)/litstream demo --model $(MODEL) $(ARGS)
 
-test: install
+test: install baseline
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(ARGS)
 
 bench: install

@@ -1,4 +1,5 @@
-"""``python -m litstream.bench [--only NAME] [--quick] [--no-agl]``: run benchmarks, print, save JSON."""
+"""``python -m litstream.bench [--only NAME] [--quick] [--no-agl] [--prepare-baseline]``: run benchmarks, print,
+save JSON."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from .harness import BENCHMARKS, RESULTS_DIR, Context, machine, print_machine, print_report, save
+from .harness import BENCHMARKS, RESULTS_DIR, Context, agl_python, machine, print_machine, print_report, save
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="small sizes and one repeat: a smoke test, not numbers to quote")
     parser.add_argument("--no-agl", action="store_true",
                         help="skip the Agent Lightning baseline (and building its virtualenv)")
+    parser.add_argument("--prepare-baseline", action="store_true",
+                        help="only create the Agent Lightning virtualenv (.venv-agl) if it is missing, then exit")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR,
                         help=f"where to save the JSON (default {RESULTS_DIR})")
     args = parser.parse_args(argv)
@@ -33,6 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     if not console.is_terminal:  # piped (make, CI logs): wide enough that rows do not wrap
         console = Console(width=150)
+    if args.prepare_baseline:
+        python, reason = agl_python(console)
+        if python is None:
+            console.print(f"[red]the Agent Lightning virtualenv could not be made:[/] {reason}")
+            return 1
+        console.print(f"Agent Lightning baseline ready: {python}")
+        return 0
     m = machine()
     print_machine(console, m)
     ctx = Context(quick=args.quick, agl=not args.no_agl, console=console)

@@ -1,7 +1,7 @@
 """Agent Lightning 0.3.0's own LightningStoreClient, unchanged, against litstream's gateway over HTTP.
 
-The client runs in the Agent Lightning virtualenv (its dependencies conflict with Faust's), created on first use
-by the benchmark harness.
+The client runs in the Agent Lightning virtualenv (its dependencies conflict with Faust's), which `make test` makes
+before the suite starts (`make baseline`); otherwise the benchmark harness makes it here, on first use.
 """
 
 from __future__ import annotations
