@@ -11,16 +11,11 @@ from typing import Any
 
 from .settings import Settings
 
-# confluent-kafka consumer settings for the embedded broker: the first group join takes ~half the session timeout,
-# and a fetch is not answered early when data arrives (it waits out fetch.wait.max.ms, `local_fetch_wait_ms`), so
-# that wait is kept short.
-_LOCAL_CONSUMER: dict[str, Any] = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
-
-# Faust on the embedded broker. (Its fetch wait and changelog ends are corrected in streams/faust_patches.py.)
-_LOCAL_FAUST: dict[str, Any] = {
-    "broker_session_timeout": 6.0,
-    "broker_heartbeat_interval": 0.5,
-}
+# The embedded broker: the first group join takes ~half the session timeout (`local_session_timeout_ms`), so
+# heartbeats are frequent; a fetch is not answered early when data arrives (it waits out fetch.wait.max.ms,
+# `local_fetch_wait_ms`), so that wait is kept short. (Faust's fetch wait and changelog ends are corrected in
+# streams/faust_patches.py.)
+_LOCAL_HEARTBEAT_MS = 500
 _PRODUCTION_FAUST: dict[str, Any] = {"broker_session_timeout": 10.0, "broker_heartbeat_interval": 3.0}
 
 
@@ -43,9 +38,13 @@ def security_config(settings: Settings) -> dict[str, Any]:
 def consumer_profile(settings: Settings) -> dict[str, Any]:
     if settings.profile != "local":
         return {}
-    return {**_LOCAL_CONSUMER, "fetch.wait.max.ms": settings.local_fetch_wait_ms}
+    return {"session.timeout.ms": settings.local_session_timeout_ms, "heartbeat.interval.ms": _LOCAL_HEARTBEAT_MS,
+            "fetch.wait.max.ms": settings.local_fetch_wait_ms}
 
 
 def faust_profile(settings: Settings) -> dict[str, Any]:
-    return dict(_LOCAL_FAUST if settings.profile == "local" else _PRODUCTION_FAUST)
+    if settings.profile != "local":
+        return dict(_PRODUCTION_FAUST)
+    return {"broker_session_timeout": settings.local_session_timeout_ms / 1000,
+            "broker_heartbeat_interval": _LOCAL_HEARTBEAT_MS / 1000}
 

@@ -30,6 +30,10 @@ class Settings(BaseSettings):
     # Local profile: how long a consumer's fetch may wait on the broker. The embedded broker always waits it out,
     # so it is the latency of every hop; each fetch also costs the broker work (much more on s3:// storage).
     local_fetch_wait_ms: int = Field(10, ge=1, le=10_000)
+    # Local profile: the consumer group session timeout. The embedded broker answers a group's first join only
+    # after a delay that grows with it (3 s at 6000, 2 s at 3000), so a shorter one starts processes sooner (the
+    # test suite uses 3000) but drops a member whose heartbeats stall that long (keep the default for heavy runs).
+    local_session_timeout_ms: int = Field(6000, ge=1500, le=300_000)
     # Where the lifecycle processor keeps its table of rollout state: ``rocksdb`` on disk under ``data_dir``
     # (memory bounded by the store's caches, warm after a restart) or ``memory`` (every rollout held in RAM,
     # rebuilt from the changelog at each start). The changelog on Kafka is the durable copy either way.

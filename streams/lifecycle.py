@@ -114,6 +114,7 @@ class LifecycleProcessor:
         self._fired: dict[str, tuple[str, str]] = {}
         self._indexed: set[int] = set()
         self._indexed_at = 0.0
+        self._ready_told = False
 
     async def _beat(self) -> None:
         health.beat(self.settings.data_dir, ROLE, **self.stats)
@@ -236,6 +237,9 @@ class LifecycleProcessor:
     async def _tick(self) -> None:
         if self.app.rebalancing or self.app.in_recovery:
             return
+        if not self._ready_told:  # timers start once recovery is done: say so now, not at the 2 s beat
+            self._ready_told = True
+            await self._beat()
         actives = self._active_partitions()
         if actives != self._indexed or time.monotonic() - self._indexed_at > REINDEX_EVERY_S:
             self._rebuild_index(actives)

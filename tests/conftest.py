@@ -16,6 +16,9 @@ from litstream.infra.settings import Settings
 from litstream.infra.stack import Stack
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Every process the tests start joins consumer groups, and the embedded broker answers a first join after about
+# half the session timeout: 3 s instead of the default 6 s takes ~1.5 s off each process's start.
+os.environ.setdefault("LITSTREAM_LOCAL_SESSION_TIMEOUT_MS", "3000")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
