@@ -11,8 +11,8 @@ from typing import Any
 
 from .settings import Settings
 
-# The embedded broker: the first group join takes ~half the session timeout (`local_session_timeout_ms`), so
-# heartbeats are frequent; a fetch is not answered early when data arrives (it waits out fetch.wait.max.ms,
+# The embedded broker: the first group join waits a delay that grows with the session timeout
+# (`local_session_timeout_ms`: 3 s at 6000, 2 s at 3000), so that timeout is short and heartbeats frequent; a fetch is not answered early when data arrives (it waits out fetch.wait.max.ms,
 # `local_fetch_wait_ms`), so that wait is kept short. (Faust's fetch wait and changelog ends are corrected in
 # streams/faust_patches.py.)
 _LOCAL_HEARTBEAT_MS = 500
