@@ -24,6 +24,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from litstream.infra.broker import EmbeddedBroker
 from litstream.infra.kafka import consumer, create_topics, flush_or_raise, producer, read_to_end
+from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
 from litstream.infra.topics import Topics
 from litstream.schemas.codec import Codec
@@ -36,7 +37,6 @@ from litstream.schemas.events import (
     SpanRecorded,
 )
 from litstream.schemas.models import new_attempt_id, new_resources_id, new_rollout_id
-from litstream.workers.producer import EventProducer
 
 from .harness import AGL_REQUIREMENT, Context, Report, Row, rate_row, repeat, run_agl_reference, timed
 

@@ -18,10 +18,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from litstream.app.stack import Stack
 from litstream.infra.broker import EmbeddedBroker
 from litstream.infra.kafka import create_topics
 from litstream.infra.settings import Settings
-from litstream.infra.stack import Stack
 from litstream.schemas.models import AttemptedRollout
 from litstream.streams.store import LitStore
 

@@ -23,6 +23,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
 from litstream.schemas.codec import Codec
 from litstream.schemas.events import (
@@ -36,7 +37,6 @@ from litstream.schemas.events import (
 )
 from litstream.schemas.models import new_attempt_id, new_rollout_id
 from litstream.streams.replay import ReplayResult, fold_events, replay
-from litstream.workers.producer import EventProducer
 
 from .harness import Context, Report, Row, rate_row, repeat, timed
 from .lifecycle import AGL, agl_baseline, broker_settings

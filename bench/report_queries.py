@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from rich.table import Table
 
-from litstream.infra import report
+from litstream.app import report
 from litstream.infra.clickhouse import ClickHouse
 from litstream.streams.event_rows import EVENT_SCHEMA
 from litstream.streams.span_rows import ATTR_MAP, SPAN_SCHEMA

@@ -42,16 +42,16 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
+from litstream.app.stack import Stack
 from litstream.infra import clickhouse
 from litstream.infra.kafka import admin, consumer, headers_dict, read_to_end
+from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
-from litstream.infra.stack import Stack
 from litstream.infra.topics import Topics
 from litstream.schemas.codec import DecodeError
 from litstream.schemas.events import RolloutSnapshot
 from litstream.schemas.models import FINISHED
 from litstream.workers.client import enqueue_rollout
-from litstream.workers.producer import EventProducer
 from litstream.workers.sdk import AttemptContext
 
 from .harness import RESULTS_DIR, Context, Report, Row

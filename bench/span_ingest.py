@@ -24,10 +24,10 @@ from typing import Any
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+from litstream.app.stack import Stack
 from litstream.infra import clickhouse
 from litstream.infra.broker import free_port
 from litstream.infra.settings import Settings
-from litstream.infra.stack import Stack
 from litstream.streams.store import LitStore
 from litstream.workers.otel import KafkaSpanProcessor
 

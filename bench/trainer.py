@@ -121,9 +121,9 @@ def _triplet(i: int, rng: random.Random) -> TripletEmitted:
 def intake_rows(ctx: Context, sizes: Sizes) -> list[Row]:
     from litstream.infra.broker import EmbeddedBroker
     from litstream.infra.kafka import consumer, create_topics, poll_batch
+    from litstream.infra.producer import EventProducer
     from litstream.infra.settings import Settings
     from litstream.trainer.windows import WindowConfig, Windower
-    from litstream.workers.producer import EventProducer
 
     rng = random.Random(0)
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
@@ -209,7 +209,7 @@ def step_rows(ctx: Context, sizes: Sizes) -> tuple[list[Row], dict[str, Any]]:
 
 
 def loop_rows(ctx: Context, sizes: Sizes) -> tuple[list[Row], dict[str, Any]]:
-    from litstream.infra.closed_loop import LoopDemoConfig, run_closed_loop
+    from litstream.app.closed_loop import LoopDemoConfig, run_closed_loop
     from litstream.infra.settings import Settings
 
     ctx.step(f"the closed loop for {sizes.loop_steps} versions on the embedded stack")

@@ -1,1 +1,2 @@
-"""Settings, topics, Kafka and ClickHouse access, the embedded stack and the CLI."""
+"""The foundation: settings, Kafka clients and the event producer, topics, the embedded broker, ClickHouse access
+and migrations, health beats and failpoints. It imports only ``litstream.schemas``."""

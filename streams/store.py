@@ -22,6 +22,7 @@ from confluent_kafka import TopicPartition
 
 from litstream.infra import clickhouse
 from litstream.infra.kafka import PartitionEnds, consumer
+from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
 from litstream.schemas.codec import DecodeError
 from litstream.schemas.events import (
@@ -58,7 +59,6 @@ from litstream.schemas.models import (
     new_resources_id,
     new_rollout_id,
 )
-from litstream.workers.producer import EventProducer
 
 from .resources import to_records
 from .state import rollout_from_snapshot

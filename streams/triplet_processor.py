@@ -27,12 +27,12 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Top
 
 from litstream.infra import health
 from litstream.infra.kafka import PartitionEnds, commit_sync, consumer, poll_batch
+from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
 from litstream.infra.topics import Topics
 from litstream.schemas.codec import DecodeError
 from litstream.schemas.events import EventMeta, RolloutSnapshot, SpanRecorded, TripletEmitted
 from litstream.schemas.policy import parse_policy_version
-from litstream.workers.producer import EventProducer
 
 from .deadletter import DeadLetter
 from .triplet_adapter import AdaptResult, TraceAdapter, TracerTraceToTriplet, Triplet, trace_spans

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from litstream.app.stack import Stack
 from litstream.infra.broker import EmbeddedBroker
 from litstream.infra.kafka import create_topics
 from litstream.infra.settings import Settings
-from litstream.infra.stack import Stack
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Every process the tests start joins consumer groups, and the embedded broker answers a first join after a delay

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
 from litstream.schemas.events import (
     AttemptHeartbeat,
@@ -15,7 +16,6 @@ from litstream.schemas.events import (
 from litstream.schemas.models import RolloutConfig
 from litstream.streams.stateview import StateView
 from litstream.workers.client import enqueue_rollout
-from litstream.workers.producer import EventProducer
 
 
 class Driver:

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from litstream.app.stack import Stack
 from litstream.bench.harness import _agl_env, agl_python
 from litstream.infra.broker import free_port
 from litstream.infra.settings import Settings
-from litstream.infra.stack import Stack
 
 SCRIPT = Path(__file__).parent / "agl_client_script.py"
 

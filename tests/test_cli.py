@@ -16,7 +16,7 @@ COMMANDS = [[], ["demo"], ["up"], ["status"], ["topics"], ["topics", "create"], 
 
 
 def run(*args: str, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "litstream.infra.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "litstream.app.cli", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
@@ -53,7 +53,7 @@ def test_the_quick_slice_runs_without_training(tmp_path: Path) -> None:
 
 def test_errors_say_what_to_do(tmp_path: Path) -> None:
     env_cwd = tmp_path
-    out = subprocess.run([sys.executable, "-m", "litstream.infra.cli", "rollouts"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "litstream.app.cli", "rollouts"], capture_output=True, text=True,
                          timeout=60, cwd=env_cwd,
                          env={**os.environ, "LITSTREAM_BOOTSTRAP_SERVERS": "127.0.0.1:1"})
     assert out.returncode != 0

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from litstream.infra.kafka import read_to_end
+from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
 from litstream.schemas.events import AttemptHeartbeat, SpanRecorded
 from litstream.workers.emitters import (
@@ -28,7 +29,6 @@ from litstream.workers.emitters import (
     make_link_attributes,
     make_tag_attributes,
 )
-from litstream.workers.producer import EventProducer
 from litstream.workers.sdk import AttemptContext
 
 

@@ -20,19 +20,19 @@ from typing import Any
 
 import pytest
 
+from litstream.app.stack import Stack
 from litstream.infra import health
 from litstream.infra.broker import EmbeddedBroker, free_port
 from litstream.infra.clickhouse import query
 from litstream.infra.kafka import create_topics, producer, read_to_end
+from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
-from litstream.infra.stack import Stack
 from litstream.infra.topics import Topics
 from litstream.schemas.codec import default_codec
 from litstream.schemas.events import EventFactory, NamedResourceRecord, ResourcesPublished, TripletEmitted
 from litstream.schemas.models import FINISHED
 from litstream.streams.replay import verify
 from litstream.streams.views import ResourcesView
-from litstream.workers.producer import EventProducer
 from tests.lifecycle_helpers import Driver
 from tests.waiting import until
 

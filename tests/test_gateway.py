@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
+from litstream.app.stack import Stack
 from litstream.infra.broker import free_port
 from litstream.infra.settings import Settings
-from litstream.infra.stack import Stack
 
 
 @pytest.fixture

@@ -22,11 +22,12 @@ from typing import Any
 
 import pytest
 
+from litstream.app.stack import Stack
 from litstream.infra import clickhouse, health
 from litstream.infra.broker import free_port
 from litstream.infra.kafka import headers_dict, producer, read_to_end
+from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
-from litstream.infra.stack import Stack
 from litstream.infra.topics import CATALOGUE, Topics
 from litstream.schemas.codec import default_codec
 from litstream.schemas.events import (
@@ -39,7 +40,6 @@ from litstream.schemas.events import (
 from litstream.schemas.models import FINISHED
 from litstream.streams.replay import verify
 from litstream.workers.attributes import MAX_ATTRIBUTES, MAX_SPAN_ATTRIBUTE_BYTES, MAX_VALUE_BYTES
-from litstream.workers.producer import EventProducer
 from litstream.workers.sdk import AttemptContext
 from tests.lifecycle_helpers import Driver
 from tests.samples import all_records

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from litstream.app.stack import Stack, settings_env
 from litstream.infra import health
 from litstream.infra.kafka import headers_dict, read_to_end
 from litstream.infra.settings import Settings
-from litstream.infra.stack import Stack, settings_env
 from litstream.schemas.codec import Codec
 from litstream.schemas.events import RolloutOffered
 from litstream.schemas.models import FINISHED
@@ -95,7 +95,7 @@ def test_replay_equals_live_state(settings: Settings, lifecycle: tuple[Stack, Dr
     assert differences == []
     assert result.by_status() == {"requeuing": 1, "succeeded": 2}
 
-    out = subprocess.run([sys.executable, "-m", "litstream.infra.cli", "replay", "--verify", "--json"],
+    out = subprocess.run([sys.executable, "-m", "litstream.app.cli", "replay", "--verify", "--json"],
                          env={**os.environ, **settings_env(settings)}, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1])["verified"] is True

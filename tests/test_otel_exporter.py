@@ -17,13 +17,13 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
+from litstream.app.stack import settings_env
 from litstream.infra.kafka import read_to_end
+from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
-from litstream.infra.stack import settings_env
 from litstream.schemas.events import AttemptHeartbeat, SpanRecorded
 from litstream.workers.emitters import attempt_context
 from litstream.workers.otel import KafkaSpanProcessor
-from litstream.workers.producer import EventProducer
 from litstream.workers.sdk import AttemptContext
 
 

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from litstream.infra import plots, report
+from litstream.app import plots, report
+from litstream.app.stack import Stack, settings_env
 from litstream.infra.clickhouse import ClickHouse
+from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
-from litstream.infra.stack import Stack, settings_env
 from litstream.schemas.events import (
     AttemptStarted,
     AttemptStatusChanged,
@@ -26,7 +27,6 @@ from litstream.schemas.events import (
 )
 from litstream.streams.event_rows import Positioned, event_arrow
 from litstream.streams.span_rows import span_arrow
-from litstream.workers.producer import EventProducer
 from tests.samples import span
 
 F = EventFactory(role="test")
@@ -155,7 +155,7 @@ def test_versions_sort_numerically() -> None:
 
 
 def _cli(settings: Settings, *args: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "litstream.infra.cli", *args], check=True, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "litstream.app.cli", *args], check=True, capture_output=True,
                          text=True, timeout=300, env={**settings_env(settings), "PATH": "/usr/bin:/bin",
                                                       "COLUMNS": "200"})
     return out.stdout

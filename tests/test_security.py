@@ -149,11 +149,11 @@ def test_no_secret_in_logs_health_or_status(tmp_path: Path) -> None:
     """A stack run with a SASL password, a gateway token and a ClickHouse password in the environment: none of them
     appears in any process's log, health file, the stack file or `litstream status`. (The broker here is plaintext,
     so the SASL settings are carried but not used; Faust only takes them with a SASL protocol.)"""
+    from litstream.app.stack import Stack
     from litstream.infra import health
     from litstream.infra.kafka import create_topics
-    from litstream.infra.stack import Stack
+    from litstream.infra.producer import EventProducer
     from litstream.workers.client import enqueue_rollout
-    from litstream.workers.producer import EventProducer
 
     token, ch_password = "gw-Tok-93f2", "ch-Pw-41aa"
     secrets = (SASL_PASSWORD, token, ch_password)
@@ -180,7 +180,7 @@ def test_no_secret_in_logs_health_or_status(tmp_path: Path) -> None:
                    "LITSTREAM_TOPIC_PREFIX": "sec", "LITSTREAM_KAFKA_SASL_PASSWORD": SASL_PASSWORD,
                    "LITSTREAM_GATEWAY_TOKEN": token,
                    "LITSTREAM_CLICKHOUSE_DSN": f"http://bob:{ch_password}@127.0.0.1:{free_port()}/db"}
-            status = subprocess.run([sys.executable, "-m", "litstream.infra.cli", "status"], check=False,
+            status = subprocess.run([sys.executable, "-m", "litstream.app.cli", "status"], check=False,
                                     capture_output=True, text=True, timeout=120,
                                     env={**_env_without_litstream(), **env})
             deadline = time.monotonic() + 90  # the rollouts done: every process has logged its work

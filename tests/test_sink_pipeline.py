@@ -12,14 +12,14 @@ from collections.abc import Iterator
 
 import pytest
 
+from litstream.app.stack import Stack, settings_env
 from litstream.infra import clickhouse, failpoints, health
 from litstream.infra.kafka import headers_dict, producer, read_to_end
+from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
-from litstream.infra.stack import Stack, settings_env
 from litstream.schemas.events import AvroModel, TripletEmitted
 from litstream.streams.event_rows import LIFECYCLE_TYPES
 from litstream.streams.span_sink import SpanSink
-from litstream.workers.producer import EventProducer
 from tests.samples import F, all_records, span
 from tests.waiting import until as wait_for
 
@@ -98,7 +98,7 @@ def test_all_three_topics_land_and_garbage_becomes_dead_letters(settings: Settin
 
 
 def _cli(settings: Settings, *args: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "litstream.infra.cli", *args], check=True, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "litstream.app.cli", *args], check=True, capture_output=True,
                          text=True, timeout=300, env={**settings_env(settings), "PATH": "/usr/bin:/bin", "COLUMNS": "200"})
     return out.stdout
 

@@ -12,14 +12,14 @@ from collections.abc import Iterator
 
 import pytest
 
+from litstream.app.stack import Stack, settings_env
 from litstream.infra import clickhouse
 from litstream.infra.kafka import headers_dict, producer, read_to_end
+from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
-from litstream.infra.stack import Stack, settings_env
 from litstream.schemas.models import FINISHED
 from litstream.streams.stateview import StateView
 from litstream.workers.client import enqueue_rollout
-from litstream.workers.producer import EventProducer
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def span_count(settings: Settings, expected: int, timeout: float = 30.0) -> int:
 def cli(settings: Settings, *args: str) -> str:
     env = {**settings_env(settings)}
     import os
-    out = subprocess.run([sys.executable, "-m", "litstream.infra.cli", *args], env={**os.environ, **env},
+    out = subprocess.run([sys.executable, "-m", "litstream.app.cli", *args], env={**os.environ, **env},
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return out.stdout

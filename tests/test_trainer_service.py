@@ -11,14 +11,14 @@ import time
 import uuid
 from pathlib import Path
 
+from litstream.app.stack import Stack
 from litstream.infra import health
 from litstream.infra.kafka import read_to_end
+from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
-from litstream.infra.stack import Stack
 from litstream.schemas.codec import default_codec
 from litstream.schemas.events import EventMeta, ResourcesPublished, TripletEmitted
 from litstream.trainer.checkpoint import latest_checkpoint, list_checkpoints
-from litstream.workers.producer import EventProducer
 
 GROUP, PER_STEP = 2, 2  # window: 2 complete groups of 2 triplets
 

@@ -12,13 +12,13 @@ import pytest
 
 from litstream.infra import health
 from litstream.infra.kafka import headers_dict, read_to_end
+from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
 from litstream.schemas.codec import default_codec
 from litstream.schemas.events import AttemptStarted, AvroModel, TripletEmitted
 from litstream.streams.triplet_buffer import Limits
 from litstream.streams.triplet_processor import TripletProcessor, group_id_of, triplet_event_id
 from litstream.workers.client import enqueue_rollout
-from litstream.workers.producer import EventProducer
 from litstream.workers.sdk import AttemptContext
 from tests.waiting import until
 

@@ -26,12 +26,12 @@ from confluent_kafka import Consumer, TopicPartition
 
 from litstream.infra import health
 from litstream.infra.kafka import consumer, poll_batch
+from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
 from litstream.schemas.codec import DecodeError
 from litstream.schemas.events import NamedResourceRecord, ResourcesPublished, TripletEmitted
 from litstream.schemas.policy import POLICY_RESOURCE, policy_resources_id
 from litstream.streams.deadletter import DeadLetter
-from litstream.workers.producer import EventProducer
 
 from . import toy_task
 from .checkpoint import checkpoint_extra, latest_checkpoint

@@ -1,1 +1,1 @@
-"""The agent side: SDK, producer, runner and the HTTP gateway."""
+"""The edges on the agent side: SDK and emitters, runner, HTTP gateway (REST and the reference's Store API), OTLP."""

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import base64
 import json
-import math
-import numbers
 import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -36,20 +34,21 @@ from litstream.schemas.events import AttrValue
 
 from .attributes import PRIMITIVES, check_leaf, flatten_attributes
 from .sdk import AttemptContext, SpanHandle, attempt_context, current_attempt
+from .semconv import (
+    ANNOTATION_SPAN,
+    EXCEPTION_SPAN,
+    LINK_ATTR,
+    MESSAGE_BODY_ATTR,
+    MESSAGE_SPAN,
+    OBJECT_JSON_ATTR,
+    OBJECT_LITERAL_ATTR,
+    OBJECT_SPAN,
+    OBJECT_TYPE_ATTR,
+    TAG_ATTR,
+    reward_attributes,
+)
 
 __all__ = ["attempt_context", "current_context", "flatten_attributes", "check_leaf"]
-
-ANNOTATION_SPAN = "agentlightning.annotation"
-MESSAGE_SPAN = "agentlightning.message"
-OBJECT_SPAN = "agentlightning.object"
-EXCEPTION_SPAN = "agentlightning.exception"
-REWARD_ATTR = "agentlightning.reward"
-MESSAGE_BODY_ATTR = "agentlightning.message.body"
-OBJECT_TYPE_ATTR = "agentlightning.object.type"
-OBJECT_LITERAL_ATTR = "agentlightning.object.literal"
-OBJECT_JSON_ATTR = "agentlightning.object.json"
-TAG_ATTR = "agentlightning.tag"
-LINK_ATTR = "agentlightning.link"
 
 class NoActiveAttemptError(RuntimeError):
     """An emitter was called outside an attempt."""
@@ -114,40 +113,13 @@ def _merge(base: dict[str, AttrValue], attributes: Mapping[str, Any] | None) -> 
     return {**base, **flatten_attributes(attributes)}
 
 
-def _reward_value(value: Any, argument: str) -> float:
-    if not isinstance(value, numbers.Real):  # bool and int are Real: they become floats, as in the reference
-        raise TypeError(f"{argument} must be a number, got {type(value).__name__}")
-    number = float(value)
-    if not math.isfinite(number):
-        raise ValueError(f"{argument} must be a finite number, got {number!r}")
-    return number
-
-
-def _reward_dimensions(reward: float | Mapping[str, float], primary_key: str | None) -> list[dict[str, Any]]:
-    """Reward dimensions with the primary first: a scalar is the single dimension ``primary``."""
-    if not isinstance(reward, Mapping):
-        return [{"name": "primary", "value": _reward_value(reward, "reward")}]
-    if primary_key is None:
-        raise ValueError("reward is a dict of dimensions, so primary_key= must name the primary one")
-    values: dict[str, float] = {}
-    for key, value in reward.items():
-        if not isinstance(key, str):
-            raise TypeError(f"reward: dimension names must be strings, got {key!r}")
-        values[key] = _reward_value(value, f"reward[{key!r}]")
-    if primary_key not in values:
-        raise ValueError(f"primary_key {primary_key!r} is not a key of reward (keys: {sorted(values)})")
-    return [{"name": primary_key, "value": values[primary_key]}] + [
-        {"name": k, "value": v} for k, v in values.items() if k != primary_key]
-
-
 def emit_reward(reward: float | Mapping[str, float], *, primary_key: str | None = None,
                 attributes: Mapping[str, Any] | None = None) -> SpanHandle:
     """Record a reward: a scalar, or a dict of dimensions whose ``primary_key`` is the primary reward.
 
     >>> emit_reward({"task": 1.0, "efficiency": 0.8}, primary_key="task", attributes=make_tag_attributes(["fast"]))
     """
-    dims = _reward_dimensions(reward, primary_key)
-    attrs = _merge(flatten_attributes({REWARD_ATTR: dims}), attributes)
+    attrs = _merge(reward_attributes(reward, primary_key), attributes)
     return _record(_require_context("emit_reward"), ANNOTATION_SPAN, attrs)
 
 

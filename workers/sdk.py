@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from litstream.infra.producer import EventProducer
 from litstream.schemas.events import (
     AttemptHeartbeat,
     AttemptStatusChanged,
@@ -31,9 +32,9 @@ from .attributes import (
     flatten_attributes,
     value_size,
 )
-from .producer import EventProducer
+from .semconv import ANNOTATION_SPAN, reward_attributes
 
-REWARD_SPAN = "agentlightning.annotation"
+REWARD_SPAN = ANNOTATION_SPAN
 # Spans count as heartbeats (as in the reference), but the lifecycle processor does not read spans: the emitter
 # sends an explicit heartbeat with a span when the last one is older than this. See README "Heartbeats".
 SPAN_HEARTBEAT_S = 1.0
@@ -158,10 +159,8 @@ class AttemptContext:
 
     def emit_reward(self, value: float | dict[str, float], primary_key: str | None = None) -> None:
         """Record a reward as the reference does: an ``agentlightning.annotation`` span (see emitters.py)."""
-        from .emitters import emit_reward
-
-        with attempt_context(self):
-            emit_reward(value, primary_key=primary_key)
+        with self.span(ANNOTATION_SPAN, reward_attributes(value, primary_key)) as handle:
+            handle.status_code = "OK"
 
     # -- lifecycle --
     def heartbeat(self) -> None:

@@ -21,15 +21,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from litstream.infra import clickhouse
+from litstream.infra.kafka import read_to_end
+from litstream.infra.producer import EventProducer
+from litstream.infra.settings import Settings
 from litstream.schemas.models import FINISHED
 from litstream.streams.stateview import StateView
 from litstream.workers.client import enqueue_rollout
 from litstream.workers.demo_agent import make_task
-from litstream.workers.producer import EventProducer
 
-from . import clickhouse
-from .kafka import read_to_end
-from .settings import Settings
 from .stack import Stack
 
 

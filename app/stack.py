@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from . import health
-from .broker import EmbeddedBroker
-from .kafka import create_topics, wait_for_broker
-from .settings import Settings
+from litstream.infra import health
+from litstream.infra.broker import EmbeddedBroker
+from litstream.infra.kafka import create_topics, wait_for_broker
+from litstream.infra.settings import Settings
 
 STACK_FILE = "stack.json"
 
@@ -59,7 +59,7 @@ class RoleProcess:
         self.log_path = log_path
         out: int | IO[bytes] = subprocess.PIPE if echo is not None else open(log_path or os.devnull, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "litstream.infra.cli", *args], env={**os.environ, **env},
+            [sys.executable, "-m", "litstream.app.cli", *args], env={**os.environ, **env},
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
         if echo is not None:

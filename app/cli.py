@@ -17,7 +17,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from .settings import Settings
+from litstream.infra.settings import Settings
 
 console = Console()
 err = Console(stderr=True)
@@ -149,8 +149,8 @@ def up(runners: bool, with_gateway: bool, train: bool) -> None:
 @main.command()
 def status() -> None:
     """The health of each part: broker, topics, processors, ClickHouse."""
-    from . import clickhouse, health
-    from .kafka import missing_topics, wait_for_broker
+    from litstream.infra import clickhouse, health
+    from litstream.infra.kafka import missing_topics, wait_for_broker
 
     settings = load_settings()
     table = Table(title="litstream status")
@@ -197,7 +197,7 @@ def _redact(dsn: str) -> str:
 @click.argument("role", type=click.Choice(["lifecycle", "span-sink", "triplets", "trainer", "gateway", "runner"]))
 def healthcheck(role: str) -> None:
     """Exit 0 if ROLE's process in this container/directory reported itself alive recently."""
-    from . import health
+    from litstream.infra import health
 
     info = health.read(load_settings().data_dir, role)
     if info is None or not info["alive"]:
@@ -218,7 +218,7 @@ def topics() -> None:
 @click.option("--wait", default=60.0, show_default=True, help="Seconds to wait for the broker.")
 def topics_create(wait: float) -> None:
     """Create every topic of the catalogue that does not exist yet (idempotent)."""
-    from .kafka import create_topics, wait_for_broker
+    from litstream.infra.kafka import create_topics, wait_for_broker
 
     settings = load_settings()
     try:
@@ -232,7 +232,7 @@ def topics_create(wait: float) -> None:
 @topics.command("list")
 def topics_list() -> None:
     """The catalogue: topic, partitions, key, cleanup, retention."""
-    from .topics import physical_topics
+    from litstream.infra.topics import physical_topics
 
     table = Table()
     for col in ("topic", "partitions", "key", "cleanup", "retention.ms", "what"):
@@ -360,9 +360,9 @@ def gateway(host: str | None, port: int | None) -> None:
 @click.option("--max-attempts", default=1, show_default=True)
 def enqueue(input_json: str, count: int, mode: str | None, max_attempts: int) -> None:
     """Enqueue COUNT rollouts whose task input is INPUT_JSON."""
+    from litstream.infra.producer import EventProducer
     from litstream.schemas.models import RolloutConfig
     from litstream.workers.client import enqueue_rollout
-    from litstream.workers.producer import EventProducer
 
     try:
         task = json.loads(input_json)
@@ -473,7 +473,7 @@ def _replay_clickhouse(settings: Settings, truncate: bool, as_json: bool) -> Non
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
 def sql(query: str, fmt: str) -> None:
     """Run a read-only SQL QUERY (tables `spans`, `rollout_events`, `triplets`; use FINAL) and print the result."""
-    from . import clickhouse
+    from litstream.infra import clickhouse
 
     settings = load_settings()
     try:
@@ -508,7 +508,8 @@ def _cell(v: Any) -> str:
 def report(plot_dir: Path | None, as_json: bool, limit: int) -> None:
     """Reward by resources version and over time, latency p50/p95 by span name and model, token usage, and
     failure, retry and timeout rates, from ClickHouse."""
-    from . import clickhouse
+    from litstream.infra import clickhouse
+
     from . import report as rp
 
     settings = load_settings()

@@ -22,16 +22,16 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from litstream.infra import clickhouse, health
+from litstream.infra.kafka import read_to_end
+from litstream.infra.producer import EventProducer
+from litstream.infra.settings import Settings
 from litstream.schemas.models import FINISHED
 from litstream.schemas.policy import parse_policy_version
 from litstream.streams.stateview import StateView
 from litstream.workers.client import enqueue_rollout
-from litstream.workers.producer import EventProducer
 
-from . import clickhouse, health
 from .demo import fresh_stack, spans_emitted_and_stored
-from .kafka import read_to_end
-from .settings import Settings
 from .stack import Stack
 
 AGENT = "litstream.workers.policy_agent:toy_policy_agent"

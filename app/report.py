@@ -23,9 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from litstream.infra.clickhouse import QueryResult
 from litstream.schemas.policy import parse_policy_version
-
-from .clickhouse import QueryResult
 
 Run = Callable[[str], QueryResult]
 TERMINAL = ("succeeded", "failed", "timeout", "unresponsive")

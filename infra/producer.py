@@ -1,0 +1,71 @@
+"""Producing events: validated records, encoded with the codec, keyed, sent with the idempotent producer."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from litstream.infra.kafka import flush_or_raise, producer
+from litstream.infra.settings import Settings
+from litstream.infra.topics import Topics
+from litstream.schemas.codec import Codec, default_codec
+from litstream.schemas.events import AvroModel, EventFactory
+
+log = logging.getLogger("litstream.producer")
+
+
+class EventProducer:
+    """One Kafka producer per process, shared by every emitter in it (thread-safe)."""
+
+    def __init__(self, settings: Settings, role: str = "client", codec: Codec | None = None,
+                 **producer_overrides: Any) -> None:
+        self.settings = settings
+        self.topics = Topics(settings.topic_prefix)
+        self.codec = codec or default_codec(settings.schema_registry_url)
+        self.factory = EventFactory(settings.producer_id, role=role)
+        self._errors: list[str] = []
+        self._producer = producer(settings, **producer_overrides)
+
+    @property
+    def producer_id(self) -> str:
+        return self.factory.producer_id
+
+    def _on_delivery(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self._errors.append(f"{msg.topic()}: {err}")
+            log.error("delivery to %s failed: %s", msg.topic(), err)
+
+    def send(self, topic: str, record: AvroModel, on_delivery: Any = None) -> None:
+        """Encode and enqueue ``record``; the key is the record's own (rollout id, resources id, group id).
+        ``on_delivery(err, msg)`` is called from a ``poll`` or ``flush`` once the broker answered."""
+        self.produce_raw(topic, str(record.key).encode(), self.codec.encode(record),  # type: ignore[attr-defined]
+                         on_delivery=on_delivery)
+
+    def poll(self, timeout: float = 0.0) -> None:
+        """Serve delivery reports (of any thread's records) for up to ``timeout`` seconds."""
+        self._producer.poll(timeout)
+
+    def produce_raw(self, topic: str, key: bytes | None, value: bytes | None, on_delivery: Any = None,
+                    headers: list[tuple[str, bytes]] | None = None) -> None:
+        """Enqueue an encoded record; waits while the local queue is full (back-pressure, never a drop)."""
+        def report(err: Any, msg: Any) -> None:
+            self._on_delivery(err, msg)
+            if on_delivery is not None:
+                on_delivery(err, msg)
+
+        while True:
+            try:
+                self._producer.produce(topic, key=key, value=value, on_delivery=report, headers=headers)
+                break
+            except BufferError:  # local queue full: serve delivery reports, then retry
+                self._producer.poll(0.1)
+        self._producer.poll(0)
+
+    def flush(self, timeout: float = 30.0) -> None:
+        flush_or_raise(self._producer, timeout)
+        if self._errors:
+            errors, self._errors = self._errors, []
+            raise RuntimeError(f"{len(errors)} events were not delivered: {errors[:3]}")
+
+    def close(self) -> None:
+        self.flush()
