@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from litstream.infra.kafka import flush_or_raise, producer
+from litstream.infra.kafka import Headers, flush_or_raise, producer
 from litstream.infra.settings import Settings
 from litstream.infra.topics import Topics
 from litstream.schemas.codec import Codec, default_codec
@@ -46,7 +46,7 @@ class EventProducer:
         self._producer.poll(timeout)
 
     def produce_raw(self, topic: str, key: bytes | None, value: bytes | None, on_delivery: Any = None,
-                    headers: list[tuple[str, bytes]] | None = None) -> None:
+                    headers: Headers | None = None) -> None:
         """Enqueue an encoded record; waits while the local queue is full (back-pressure, never a drop)."""
         def report(err: Any, msg: Any) -> None:
             self._on_delivery(err, msg)
