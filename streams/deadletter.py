@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from litstream.infra.kafka import Headers
 
 
 @dataclass(frozen=True)
@@ -26,7 +22,7 @@ class DeadLetter:
     def topic(self) -> str:
         return f"{self.source_topic}.dlq"
 
-    def headers(self) -> Headers:
+    def headers(self) -> list[tuple[str, bytes]]:
         return [
             ("litstream.dlq.reason", self.reason.encode()[:4000]),
             ("litstream.dlq.error_type", self.error_type.encode()),

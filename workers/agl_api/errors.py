@@ -8,14 +8,12 @@ validate is a 422 naming the first bad field.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from pydantic import ValidationError
 
 from litstream.streams.store import StoreError
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class HTTPFieldError(web.HTTPException):

@@ -4,16 +4,13 @@
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from .context import error
 
 OPEN_PATHS = {"/health", "/v1/agl/health"}  # liveness probes answer without the token
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 
 
 def bearer_auth(token: str) -> Middleware:
