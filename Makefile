@@ -1,10 +1,11 @@
-# litstream: `make demo` runs the main job on the embedded stack, `make test` runs the test suite.
+# litstream: `make demo` runs the main job on the embedded stack, `make test` runs the test suite, `make lint` the
+# style, type and import checks.
 PY ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install baseline demo test bench compose-check up clean
+.PHONY: install baseline demo test lint bench compose-check up clean
 
 install: $(STAMP)
 
@@ -31,6 +32,10 @@ endif
 
 test: install baseline
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(ARGS)
+
+# ruff, mypy (strict on the schemas and the pure fold) and the import contracts in pyproject.toml: see .ci/lint.
+lint: install
+	LINT_BIN=$(abspath $(BIN)) .ci/lint
 
 bench: install
 	OMP_NUM_THREADS=1 $(BIN)/python -m litstream.bench $(ARGS)

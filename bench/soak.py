@@ -365,132 +365,178 @@ def _run_dir(results_dir: Path) -> Iterator[str]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def soak(ctx: Context, sizes: Sizes, results_dir: Path) -> SoakResult:
-    result = SoakResult(sizes)
-    with _run_dir(results_dir) as tmp, \
-            Stack(Settings(partitions=sizes.partitions, data_dir=Path(tmp) / "data",
-                           topic_prefix=f"bench-soak-{secrets.token_hex(3)}",
-                           **({"local_fetch_wait_ms": sizes.fetch_wait_ms} if sizes.fetch_wait_ms else {}))) as stack:
-        ctx.step(f"starting the embedded broker (data dir {tmp})")
-        stack.start_broker()
-        stack.create_topics()
-        settings = stack.settings
-        topics = Topics(settings.topic_prefix)
-        ctx.step(f"starting the lifecycle processor, the span sink, the triplet processor and {sizes.runners} "
-                 f"runners x {sizes.concurrency} slots")
-        stack.start("lifecycle", "process", "lifecycle")
-        stack.start("span-sink", "process", "span-sink")
-        stack.start("triplets", "process", "triplets")
-        for i in range(sizes.runners):
-            stack.start(f"runner-{i}", "runner", "--concurrency", str(sizes.concurrency), "--agent", AGENT,
-                        "--drain", "5")
-        stack.wait_ready("lifecycle", "lifecycle", timeout=120)
-        stack.wait_ready("span-sink", "span-sink", key="inserted", timeout=120)
-        stack.wait_ready("triplets", "triplets", timeout=120)
-        _check_alive(stack)
+def _soak_settings(sizes: Sizes, tmp: str) -> Settings:
+    overrides: dict[str, Any] = {"local_fetch_wait_ms": sizes.fetch_wait_ms} if sizes.fetch_wait_ms else {}
+    return Settings(partitions=sizes.partitions, data_dir=Path(tmp) / "data",
+                    topic_prefix=f"bench-soak-{secrets.token_hex(3)}", **overrides)
 
+
+def _start_pipeline(ctx: Context, stack: Stack, sizes: Sizes, tmp: str) -> None:
+    """The broker, its topics and every process of the pipeline, each answering its readiness check."""
+    ctx.step(f"starting the embedded broker (data dir {tmp})")
+    stack.start_broker()
+    stack.create_topics()
+    ctx.step(f"starting the lifecycle processor, the span sink, the triplet processor and {sizes.runners} "
+             f"runners x {sizes.concurrency} slots")
+    stack.start("lifecycle", "process", "lifecycle")
+    stack.start("span-sink", "process", "span-sink")
+    stack.start("triplets", "process", "triplets")
+    for i in range(sizes.runners):
+        stack.start(f"runner-{i}", "runner", "--concurrency", str(sizes.concurrency), "--agent", AGENT,
+                    "--drain", "5")
+    stack.wait_ready("lifecycle", "lifecycle", timeout=120)
+    stack.wait_ready("span-sink", "span-sink", key="inserted", timeout=120)
+    stack.wait_ready("triplets", "triplets", timeout=120)
+    _check_alive(stack)
+
+
+class _Probes:
+    """This process's clients on the running stack: the producer that enqueues, the follower of finished rollouts,
+    the partitions' ends and every group's lag, and the pids whose memory and CPU are sampled."""
+
+    def __init__(self, stack: Stack) -> None:
         assert stack.broker is not None and stack.broker.proc is not None
-        pids = {"broker": stack.broker.proc.pid, **{name: proc.proc.pid for name, proc in stack.roles.items()},
-                "soak (this process)": os.getpid()}
-
-        events = EventProducer(settings, role="soak")
-        finished = Finished(settings, events)
+        self.stack = stack
+        self.settings = settings = stack.settings
+        self.topics = topics = Topics(settings.topic_prefix)
+        self.pids = {"broker": stack.broker.proc.pid, **{name: proc.proc.pid for name, proc in stack.roles.items()},
+                     "soak (this process)": os.getpid()}
+        self.events = EventProducer(settings, role="soak")
+        self.finished = Finished(settings, self.events)
         groups = _groups(topics, settings.topic_prefix)
         group_ids = _group_ids(topics, settings.topic_prefix)
-        watched = sorted({t for ts in groups.values() for t in ts})
-        ends = Ends(settings, watched)
-        lags = {name: GroupLag(settings, group_ids[name], ts, ends) for name, ts in groups.items()}
-        n = result.rollouts = sizes.rollouts
+        self.ends = Ends(settings, sorted({t for ts in groups.values() for t in ts}))
+        self.lags = {name: GroupLag(settings, group_ids[name], ts, self.ends) for name, ts in groups.items()}
+        self.start = time.monotonic()
+        self.enqueued = 0
+
+    def enqueue(self, count: int, spans: int) -> None:
+        for _ in range(count):
+            ev = enqueue_rollout(self.events, {"i": self.enqueued, "spans": spans}, mode="train")
+            self.finished.pending.add(ev.rollout_id)
+            self.enqueued += 1
+
+    def sample(self, t: float | None = None) -> Sample:
+        return _sample(self.settings, time.monotonic() - self.start if t is None else t, self.enqueued, self.finished.finished,
+                       self.pids, self.ends, self.lags)
+
+    def close(self) -> None:
+        for g in self.lags.values():
+            g.close()
+        self.ends.close()
+        self.finished.close()
+        del self.events  # its producer goes before the broker does
+
+
+def _progress_line(sample: Sample, n: int) -> str:
+    return (f"{sample.t:6.0f}s  finished {sample.finished:,}/{n:,}  spans stored {sample.spans_stored:,}  "
+            f"lag {sample.lag}  RSS MB " + " ".join(f"{k.split(' ')[0]}={v:.0f}" for k, v in sample.rss_mb.items())
+            + "  CPU s " + " ".join(f"{k.split(' ')[0]}={v:.0f}" for k, v in sample.cpu_s.items()))
+
+
+def _drive(ctx: Context, probes: _Probes, sizes: Sizes, result: SoakResult) -> None:
+    """Enqueue the rollouts, at most ``in_flight`` unfinished at a time, until all have finished; sample as it
+    goes. A stall (no rollout finished for ``stall_s``) fails the soak."""
+    finished = probes.finished
+    n = result.rollouts = sizes.rollouts
+    ctx.step(f"driving {n:,} rollouts x {sizes.spans} spans, at most {sizes.in_flight:,} in flight")
+    probes.start = last_progress = time.monotonic()
+    last_sample = float("-inf")
+    while finished.finished < n:
+        if STOP_EARLY.is_set() and n > probes.enqueued:
+            n = result.rollouts = max(probes.enqueued, 1)
+            ctx.step(f"stopped early (SIGUSR1): the {n:,} rollouts enqueued so far finish, then the checks")
+        room = min(n - probes.enqueued, sizes.in_flight - (probes.enqueued - finished.finished))
+        probes.enqueue(max(0, min(room, 500)), sizes.spans)
+        if finished.poll(0.05 if room > 0 else 0.2):
+            last_progress = time.monotonic()
+        now = time.monotonic()
+        if now - last_sample >= sizes.sample_s:
+            last_sample = now
+            _check_alive(probes.stack)
+            result.samples.append(sample := probes.sample(now - probes.start))
+            ctx.step(_progress_line(sample, n))
+        if now - last_progress > sizes.stall_s:
+            raise RuntimeError(f"no rollout finished for {sizes.stall_s:.0f}s: {finished.finished:,} of "
+                               f"{n:,} finished ({finished.by_status}); logs in {probes.stack.log_dir}")
+    probes.events.flush()
+    result.phases_s["rollouts"] = time.monotonic() - probes.start
+
+
+def _settle(ctx: Context, probes: _Probes, sizes: Sizes, result: SoakResult) -> None:
+    """Wait until every group's lag is zero and ClickHouse holds every span, sampling as it goes."""
+    ctx.step("all rollouts finished; waiting for every group's lag to reach zero")
+    settle_start = time.monotonic()
+    expected_spans = result.rollouts * sizes.spans
+    while True:
+        _check_alive(probes.stack)
+        exact = probes.ends.exact()
+        lag = {name: g.lag(exact) for name, g in probes.lags.items()}
+        stored = _count(probes.settings, "SELECT count() FROM spans")
+        result.samples.append(Sample(time.monotonic() - probes.start, probes.enqueued, probes.finished.finished,
+                                     stored, _rss(probes.pids), {k: sum(v.values()) for k, v in lag.items()},
+                                     _cpu(probes.pids)))
+        if all(v == 0 for per in lag.values() for v in per.values()) and stored >= expected_spans:
+            break
+        if time.monotonic() - settle_start > sizes.settle_s:
+            raise RuntimeError(f"lag not back to zero within {sizes.settle_s:.0f}s of the last rollout: "
+                               f"{lag}; spans stored {stored:,} of {expected_spans:,}")
+        time.sleep(min(sizes.sample_s, 2.0))
+    result.settle_lag_s = time.monotonic() - settle_start
+    result.phases_s["total"] = time.monotonic() - probes.start
+    result.final_lag = lag
+
+
+def _loss_checks(probes: _Probes, expected_spans: int, reasons: Counter[str], dead: dict[str, int]) -> dict[str, Any]:
+    """What went in against what came out, on Kafka and in ClickHouse."""
+    settings, topics, ends, finished = probes.settings, probes.topics, probes.ends, probes.finished
+    return {
+        "rollouts_enqueued": probes.enqueued,
+        "rollouts_by_status": dict(finished.by_status),
+        "snapshots_read": finished.snapshots,
+        "undecodable_snapshots": finished.undecodable,
+        "spans_expected": expected_spans,
+        "spans_on_kafka": ends.total(topics.spans),
+        "spans_in_clickhouse_final": _count(settings, "SELECT count() FROM spans FINAL"),
+        "rollouts_with_reward": _count(settings, "SELECT uniqExact(rollout_id) FROM spans FINAL "
+                                                 "WHERE reward IS NOT NULL"),
+        "enqueued_in_clickhouse": _count(settings, "SELECT count() FROM rollout_events FINAL "
+                                                   "WHERE event_type = 'RolloutEnqueued'"),
+        "lifecycle_events_on_kafka": ends.total(topics.rollout_events),
+        "lifecycle_events_in_clickhouse": _count(settings, "SELECT count() FROM rollout_events FINAL"),
+        "triplets_on_kafka": ends.total(topics.triplets),
+        "triplets_in_clickhouse": _count(settings, "SELECT count() FROM triplets FINAL"),
+        "dead_letters": dead,
+        # A runner claims again when no answer comes in time; the version check rejects the later claim.
+        # Lost: nothing, as long as every rollout succeeded (checked apart).
+        "rejected_claims": sum(v for k, v in reasons.items() if k.startswith(REJECTED_CLAIM)),
+    }
+
+
+def _check_loss(ctx: Context, probes: _Probes, sizes: Sizes, result: SoakResult) -> None:
+    ctx.step("checking for loss")
+    for _ in range(3):  # two more samples at rest: does memory come down?
+        time.sleep(sizes.sample_s)
+        result.samples.append(probes.sample())
+    dead, reasons = _dead_letters(probes.settings, _dlq_topics(probes.settings, probes.topics))
+    result.dead_letter_reasons = dict(reasons.most_common(10))
+    result.checks = _loss_checks(probes, result.rollouts * sizes.spans, reasons, dead)
+
+
+def soak(ctx: Context, sizes: Sizes, results_dir: Path) -> SoakResult:
+    result = SoakResult(sizes)
+    with _run_dir(results_dir) as tmp, Stack(_soak_settings(sizes, tmp)) as stack:
+        _start_pipeline(ctx, stack, sizes, tmp)
+        probes = _Probes(stack)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGUSR1, lambda *_: STOP_EARLY.set())
         try:
-            ctx.step(f"driving {n:,} rollouts x {sizes.spans} spans, at most {sizes.in_flight:,} in flight")
-            start = time.monotonic()
-            last_sample = float("-inf")
-            last_progress = start
-            enqueued = 0
-            while finished.finished < n:
-                if STOP_EARLY.is_set() and n > enqueued:
-                    n = result.rollouts = max(enqueued, 1)
-                    ctx.step(f"stopped early (SIGUSR1): the {n:,} rollouts enqueued so far finish, then the checks")
-                room = min(n - enqueued, sizes.in_flight - (enqueued - finished.finished))
-                for _ in range(max(0, min(room, 500))):
-                    ev = enqueue_rollout(events, {"i": enqueued, "spans": sizes.spans}, mode="train")
-                    finished.pending.add(ev.rollout_id)
-                    enqueued += 1
-                if finished.poll(0.05 if room > 0 else 0.2):
-                    last_progress = time.monotonic()
-                now = time.monotonic()
-                if now - last_sample >= sizes.sample_s:
-                    last_sample = now
-                    _check_alive(stack)
-                    sample = _sample(settings, now - start, enqueued, finished.finished, pids, ends, lags)
-                    result.samples.append(sample)
-                    ctx.step(f"{sample.t:6.0f}s  finished {sample.finished:,}/{n:,}  spans stored "
-                             f"{sample.spans_stored:,}  lag {sample.lag}  RSS MB "
-                             + " ".join(f"{k.split(' ')[0]}={v:.0f}" for k, v in sample.rss_mb.items())
-                             + "  CPU s " + " ".join(f"{k.split(' ')[0]}={v:.0f}" for k, v in sample.cpu_s.items()))
-                if now - last_progress > sizes.stall_s:
-                    raise RuntimeError(f"no rollout finished for {sizes.stall_s:.0f}s: {finished.finished:,} of "
-                                       f"{n:,} finished ({finished.by_status}); logs in {stack.log_dir}")
-            events.flush()
-            result.phases_s["rollouts"] = time.monotonic() - start
-
-            ctx.step("all rollouts finished; waiting for every group's lag to reach zero")
-            settle_start = time.monotonic()
-            expected_spans = n * sizes.spans
-            while True:
-                _check_alive(stack)
-                exact = ends.exact()
-                lag = {name: g.lag(exact) for name, g in lags.items()}
-                stored = _count(settings, "SELECT count() FROM spans")
-                result.samples.append(Sample(time.monotonic() - start, enqueued, finished.finished, stored,
-                                             _rss(pids), {k: sum(v.values()) for k, v in lag.items()}, _cpu(pids)))
-                if all(v == 0 for per in lag.values() for v in per.values()) and stored >= expected_spans:
-                    break
-                if time.monotonic() - settle_start > sizes.settle_s:
-                    raise RuntimeError(f"lag not back to zero within {sizes.settle_s:.0f}s of the last rollout: "
-                                       f"{lag}; spans stored {stored:,} of {expected_spans:,}")
-                time.sleep(min(sizes.sample_s, 2.0))
-            result.settle_lag_s = time.monotonic() - settle_start
-            result.phases_s["total"] = time.monotonic() - start
-            result.final_lag = lag
-
-            ctx.step("checking for loss")
-            for _ in range(3):  # two more samples at rest: does memory come down?
-                time.sleep(sizes.sample_s)
-                result.samples.append(_sample(settings, time.monotonic() - start, enqueued, finished.finished, pids,
-                                              ends, lags))
-            dead, reasons = _dead_letters(settings, _dlq_topics(settings, topics))
-            result.dead_letter_reasons = dict(reasons.most_common(10))
-            result.checks = {
-                "rollouts_enqueued": enqueued,
-                "rollouts_by_status": dict(finished.by_status),
-                "snapshots_read": finished.snapshots,
-                "undecodable_snapshots": finished.undecodable,
-                "spans_expected": expected_spans,
-                "spans_on_kafka": ends.total(topics.spans),
-                "spans_in_clickhouse_final": _count(settings, "SELECT count() FROM spans FINAL"),
-                "rollouts_with_reward": _count(settings, "SELECT uniqExact(rollout_id) FROM spans FINAL "
-                                                         "WHERE reward IS NOT NULL"),
-                "enqueued_in_clickhouse": _count(settings, "SELECT count() FROM rollout_events FINAL "
-                                                           "WHERE event_type = 'RolloutEnqueued'"),
-                "lifecycle_events_on_kafka": ends.total(topics.rollout_events),
-                "lifecycle_events_in_clickhouse": _count(settings, "SELECT count() FROM rollout_events FINAL"),
-                "triplets_on_kafka": ends.total(topics.triplets),
-                "triplets_in_clickhouse": _count(settings, "SELECT count() FROM triplets FINAL"),
-                "dead_letters": dead,
-                # A runner claims again when no answer comes in time; the version check rejects the later claim.
-                # Lost: nothing, as long as every rollout succeeded (checked apart).
-                "rejected_claims": sum(v for k, v in reasons.items() if k.startswith(REJECTED_CLAIM)),
-            }
+            _drive(ctx, probes, sizes, result)
+            _settle(ctx, probes, sizes, result)
+            _check_loss(ctx, probes, sizes, result)
             check(result)  # here, so that a failed check keeps the processes' logs
         finally:
-            for g in lags.values():
-                g.close()
-            ends.close()
-            finished.close()
-            del events  # its producer goes before the broker does
+            probes.close()
     result.plot = _plot(result, results_dir)
     return result
 

@@ -19,6 +19,9 @@ from .topics import physical_topics
 
 log = logging.getLogger(__name__)
 
+# Record headers as the client takes them (a list is invariant: the element type must be the client's own).
+Headers = list[tuple[str, str | bytes | None]]
+
 
 def default_producer_id(role: str) -> str:
     return f"{role}-{socket.gethostname()}-{os.getpid()}"

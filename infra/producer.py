@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
-from litstream.infra.kafka import flush_or_raise, producer
+from litstream.infra.kafka import Headers, flush_or_raise, producer
 from litstream.infra.settings import Settings
 from litstream.infra.topics import Topics
 from litstream.schemas.codec import Codec, default_codec
@@ -46,8 +47,10 @@ class EventProducer:
         self._producer.poll(timeout)
 
     def produce_raw(self, topic: str, key: bytes | None, value: bytes | None, on_delivery: Any = None,
-                    headers: list[tuple[str, bytes]] | None = None) -> None:
+                    headers: Iterable[tuple[str, bytes]] | None = None) -> None:
         """Enqueue an encoded record; waits while the local queue is full (back-pressure, never a drop)."""
+        kafka_headers: Headers | None = None if headers is None else list(headers)
+
         def report(err: Any, msg: Any) -> None:
             self._on_delivery(err, msg)
             if on_delivery is not None:
@@ -55,7 +58,7 @@ class EventProducer:
 
         while True:
             try:
-                self._producer.produce(topic, key=key, value=value, on_delivery=report, headers=headers)
+                self._producer.produce(topic, key=key, value=value, on_delivery=report, headers=kafka_headers)
                 break
             except BufferError:  # local queue full: serve delivery reports, then retry
                 self._producer.poll(0.1)

@@ -82,7 +82,7 @@ def replay(settings: Settings, codec: Codec | None = None) -> ReplayResult:
             continue
         if not isinstance(event, LIFECYCLE_EVENTS):
             result.undecodable += 1
-        elif msg.key() is None or msg.key().decode(errors="replace") != event.rollout_id:
+        elif (key := msg.key()) is None or key.decode(errors="replace") != event.rollout_id:
             result.events += 1  # the processor dead-letters a message keyed by another id: the fold never sees it
             result.rejected += 1
         else:

@@ -23,7 +23,7 @@ from litstream.infra import health
 from litstream.infra.clickhouse import ClickHouse
 from litstream.infra.clickhouse.api import serve_queries
 from litstream.infra.failpoints import failpoint
-from litstream.infra.kafka import commit_sync, consumer, producer
+from litstream.infra.kafka import Headers, commit_sync, consumer, producer
 from litstream.infra.settings import Settings
 from litstream.infra.topics import Topics
 from litstream.schemas.codec import Codec, default_codec
@@ -100,7 +100,8 @@ class SpanSink:
             log.warning("undecodable %s[%d]@%d: %s", letter.source_topic, letter.partition, letter.offset,
                         letter.reason)
         for letter in letters:
-            self._dlq.produce(letter.topic, key=letter.key, value=letter.value, headers=letter.headers())
+            headers: Headers = list(letter.headers())
+            self._dlq.produce(letter.topic, key=letter.key, value=letter.value, headers=headers)
         if letters:
             self._dlq.flush(30)
         # Only now is every message of the batch durable (in ClickHouse or a dead letter): commit.

@@ -6,9 +6,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from litstream.schemas.events import AttemptSnapshot as AttemptState  # the fold's attempt is what readers get
-from litstream.schemas.events import AvroRolloutConfig, EventMeta, RolloutSnapshot
+from litstream.schemas.events import AttemptSnapshot, AvroRolloutConfig, EventMeta, RolloutSnapshot
 from litstream.schemas.models import Attempt, AttemptedRollout, Rollout, RolloutMode, RolloutStatus
+
+AttemptState = AttemptSnapshot  # the fold's attempt is what readers get
 
 
 class RolloutState(BaseModel):

@@ -27,7 +27,7 @@ import json
 import logging
 import zlib
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 
+from litstream.schemas.events import AttrValue
 from litstream.schemas.models import (
     AttributeValue,
     Event,
@@ -200,11 +201,11 @@ async def read_body(request: web.Request, max_body: int) -> bytes:
 # -- OTLP spans to reference spans ---------------------------------------------------------------------------
 
 
-def attributes(kvs: Iterable[KeyValue]) -> dict[str, AttributeValue]:
+def attributes(kvs: Iterable[KeyValue]) -> dict[str, AttrValue]:
     return {kv.key: _value(kv.value) for kv in kvs}
 
 
-def _value(value: AnyValue) -> AttributeValue:
+def _value(value: AnyValue) -> AttrValue:
     if value.WhichOneof("value") == "array_value":
         return [_scalar(v) for v in value.array_value.values]
     return _scalar(value)
@@ -232,16 +233,16 @@ def _plain(value: AnyValue) -> Any:
     return _scalar(value)
 
 
-def _first(key: str, *sources: dict[str, AttributeValue]) -> AttributeValue:
+def _first(key: str, *sources: Mapping[str, AttributeValue]) -> AttributeValue:
     return next((s[key] for s in sources if s.get(key) is not None), None)
 
 
-def _text_id(key: str, *sources: dict[str, AttributeValue]) -> str | None:
+def _text_id(key: str, *sources: Mapping[str, AttributeValue]) -> str | None:
     value = _first(key, *sources)
     return str(value) if value is not None and str(value) else None
 
 
-def _sequence_id(*sources: dict[str, AttributeValue]) -> int | None:
+def _sequence_id(*sources: Mapping[str, AttributeValue]) -> int | None:
     """An explicit sequence id: a positive int or a string of digits (as the LLM proxy sends it). Anything else
     is ignored and the store allocates one, as the reference does."""
     value = _first(SEQUENCE_ID, *sources)
@@ -278,7 +279,7 @@ def _link(link: ProtoSpan.Link) -> Link:
     return Link(context=context, attributes=attributes(link.attributes))
 
 
-def _draft(span: ProtoSpan, resource_attrs: dict[str, AttributeValue], resource: OtelResource) -> Draft:
+def _draft(span: ProtoSpan, resource_attrs: dict[str, AttrValue], resource: OtelResource) -> Draft:
     attrs = with_token_aliases(attributes(span.attributes))  # the same readings as spans from the SDK processor
     rollout_id = _text_id(ROLLOUT_ID, attrs, resource_attrs)
     attempt_id = _text_id(ATTEMPT_ID, attrs, resource_attrs)

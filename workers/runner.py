@@ -22,7 +22,7 @@ from litstream.infra.kafka import Backpressure, commit_sync, consumer, poll_batc
 from litstream.infra.settings import Settings
 from litstream.schemas.codec import DecodeError
 from litstream.schemas.events import AttemptStarted, RolloutOffered
-from litstream.schemas.models import Attempt, AttemptedRollout, NamedResources, new_attempt_id
+from litstream.schemas.models import Attempt, AttemptedRollout, NamedResources, Rollout, new_attempt_id
 from litstream.streams.deadletter import DeadLetter
 from litstream.streams.state import rollout_from_snapshot
 from litstream.streams.views import ResourcesView, RolloutsView
@@ -95,7 +95,9 @@ class Runner:
                     continue
                 gate.release()
                 offers = [m for m in poll_batch(c, 0.5, free) if _is_record(m)]
-                claims = [self._send_claim(m.value(), m.topic(), m.partition(), m.offset(), m.key()) for m in offers]
+                # A record (no error) always has its topic, partition and offset.
+                claims = [self._send_claim(m.value(), str(m.topic()), m.partition() or 0, m.offset() or 0, m.key())
+                          for m in offers]
                 if offers:
                     self.events.flush()  # the claims are durable before their offers are committed
                     ends: dict[tuple[str, int], int] = {}
@@ -162,7 +164,7 @@ class Runner:
         first = claim
         mine = {claim.attempt_id: claim}
         answers = {answer: claim.meta.event_id}  # an answer to any of our claims counts: the first sent wins first
-        rollout: AttemptedRollout | None = None
+        rollout: Rollout | None = None  # an AttemptedRollout once a claim of ours won: checked at the end
         first_seq = 1
         lost = False
         for round_ in range(CLAIM_ROUNDS):

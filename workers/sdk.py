@@ -11,7 +11,7 @@ import contextvars
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,7 +66,7 @@ class SpanHandle:
     def set_attribute(self, key: str, value: AttrValue) -> None:
         self._put(key, check_leaf(value, f"attribute {key!r}"))  # fails here, not when the span ends
 
-    def set_attributes(self, attributes: dict[str, Any]) -> None:
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
         for key, value in flatten_attributes(attributes).items():
             self._put(key, value)
 
@@ -127,7 +127,8 @@ class AttemptContext:
 
     # -- spans --
     @contextmanager
-    def span(self, name: str, attributes: dict[str, AttrValue] | None = None) -> Iterator[SpanHandle]:
+    def span(self, name: str, attributes: Mapping[str, Any] | None = None) -> Iterator[SpanHandle]:
+        """A child of the current span; ``attributes`` as ``set_attributes`` takes them (nested dicts flatten)."""
         parent = _current_span.get()
         handle = SpanHandle(name=name, span_id=secrets.token_hex(8), parent_id=parent.span_id if parent else None,
                             start_time_ns=time.time_ns())

@@ -29,68 +29,76 @@ def _jsonable(value: Any) -> Any:
 Action = Callable[[dict[str, Any]], dict[str, Any]]
 
 
+class _QueryHandler(BaseHTTPRequestHandler):
+    """``GET /health``, ``POST /sql`` and the owner's actions; ``serve_queries`` binds ``ch`` and ``routes``."""
+
+    ch: ClickHouse
+    routes: dict[str, Action]
+
+    def log_message(self, *args: Any) -> None:  # quiet: queries are logged by the caller
+        pass
+
+    def _send(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body, default=_jsonable).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            self._send(200, {"status": "ok", "role": self.ch.role})
+        else:
+            self._send(404, {"error": "not found"})
+
+    def do_POST(self) -> None:
+        if self.path != "/sql" and self.path not in self.routes:
+            self._send(404, {"error": "not found"})
+            return
+        length = int(self.headers.get("Content-Length", "0"))
+        if length > MAX_BODY:
+            self._send(413, {"error": f"body over {MAX_BODY} bytes"})
+            return
+        if self.path in self.routes:
+            self._action(self.routes[self.path], length)
+        else:
+            self._sql(length)
+
+    def _sql(self, length: int) -> None:
+        try:
+            sql = json.loads(self.rfile.read(length))["query"]
+            if not isinstance(sql, str) or not sql.strip():
+                raise ValueError
+        except (ValueError, KeyError, TypeError):
+            self._send(400, {"error": "body must be JSON {\"query\": \"SELECT ...\"}"})
+            return
+        try:
+            self._send(200, self.ch.query(sql).to_json())
+        except Exception as exc:  # noqa: BLE001 (a bad query is the caller's error, reported back)
+            self._send(400, {"error": str(exc).strip().splitlines()[0][:2000]})
+
+    def _action(self, action: Action, length: int) -> None:
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            self._send(400, {"error": "body must be a JSON object"})
+            return
+        try:
+            self._send(200, action(body))
+        except Exception as exc:  # noqa: BLE001 (reported to the caller, who prints it)
+            self._send(500, {"error": f"{type(exc).__name__}: {str(exc).strip()[:2000]}"})
+
+
 def serve_queries(ch: ClickHouse, host: str = "127.0.0.1", port: int = 0,
                   actions: dict[str, Action] | None = None) -> ThreadingHTTPServer:
     """Start the API in a daemon thread; returns the server (its ``server_address`` has the bound port).
 
     ``POST /sql`` runs read-only SQL; ``actions`` adds owner-side operations by route (the sink adds ``/replay``,
     the ClickHouse rebuild, which only the owner of a chDB directory can run)."""
-    routes = dict(actions or {})
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:  # quiet: queries are logged by the caller
-            pass
-
-        def _send(self, status: int, body: dict[str, Any]) -> None:
-            data = json.dumps(body, default=_jsonable).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self) -> None:
-            if self.path == "/health":
-                self._send(200, {"status": "ok", "role": ch.role})
-            else:
-                self._send(404, {"error": "not found"})
-
-        def do_POST(self) -> None:
-            if self.path != "/sql" and self.path not in routes:
-                self._send(404, {"error": "not found"})
-                return
-            length = int(self.headers.get("Content-Length", "0"))
-            if length > MAX_BODY:
-                self._send(413, {"error": f"body over {MAX_BODY} bytes"})
-                return
-            if self.path in routes:
-                self._action(routes[self.path], length)
-                return
-            try:
-                sql = json.loads(self.rfile.read(length))["query"]
-                if not isinstance(sql, str) or not sql.strip():
-                    raise ValueError
-            except (ValueError, KeyError, TypeError):
-                self._send(400, {"error": "body must be JSON {\"query\": \"SELECT ...\"}"})
-                return
-            try:
-                self._send(200, ch.query(sql).to_json())
-            except Exception as exc:  # noqa: BLE001 (a bad query is the caller's error, reported back)
-                self._send(400, {"error": str(exc).strip().splitlines()[0][:2000]})
-
-        def _action(self, action: Action, length: int) -> None:
-            try:
-                body = json.loads(self.rfile.read(length) or b"{}")
-            except ValueError:
-                body = None
-            if not isinstance(body, dict):
-                self._send(400, {"error": "body must be a JSON object"})
-                return
-            try:
-                self._send(200, action(body))
-            except Exception as exc:  # noqa: BLE001 (reported to the caller, who prints it)
-                self._send(500, {"error": f"{type(exc).__name__}: {str(exc).strip()[:2000]}"})
-
-    server = ThreadingHTTPServer((host, port), Handler)
+    handler = type("QueryHandler", (_QueryHandler,), {"ch": ch, "routes": dict(actions or {})})
+    server = ThreadingHTTPServer((host, port), handler)
     threading.Thread(target=server.serve_forever, name="query-api", daemon=True).start()
     return server

@@ -1,0 +1,85 @@
+"""The HTTP gateway: enqueue and list rollouts, run read-only SQL over spans, and Agent Lightning's REST API
+(``/v1/agl``, see ``agl_api``).
+
+Binds 127.0.0.1 unless told otherwise; when ``LITSTREAM_GATEWAY_TOKEN`` is set, every route but ``/health``
+needs ``Authorization: Bearer <token>`` (``auth.py``). Bad input is a 4xx whose body names the field.
+
+One module per group of routes, each with an aiohttp ``RouteTableDef`` named ``routes`` whose handlers reach the
+settings and the producer through ``context.context_of(request)``. A new module is one more entry in ``ROUTES``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+from aiohttp import web
+
+from litstream.infra import health
+from litstream.infra.settings import Settings
+from litstream.streams.store import LitStore
+
+from ..agl_api import PREFIX, build_agl_app
+from ..otlp import add_otlp_routes
+from ..producer import EventProducer
+from . import rollouts, sql, status
+from .auth import OPEN_PATHS, bearer_auth
+from .context import CONTEXT, GatewayContext
+
+__all__ = ["MAX_BODY", "OPEN_PATHS", "ROLE", "ROUTES", "build_app", "run"]
+
+ROLE = "gateway"
+MAX_BODY = 4 << 20
+HEARTBEAT_S = 2.0
+
+ROUTES: tuple[web.RouteTableDef, ...] = (
+    status.routes,
+    rollouts.routes,
+    sql.routes,
+)
+
+
+def _heartbeat(ctx: GatewayContext) -> Callable[[web.Application], AsyncIterator[None]]:
+    """A cleanup context: the gateway's health beat while it serves; on the way out, what is still buffered is
+    sent."""
+
+    async def beat(_: web.Application) -> AsyncIterator[None]:
+        async def loop() -> None:
+            while True:
+                health.beat(ctx.settings.data_dir, ROLE)
+                await asyncio.sleep(HEARTBEAT_S)
+
+        task = asyncio.create_task(loop())
+        yield
+        task.cancel()
+        await asyncio.to_thread(ctx.events.flush)
+
+    return beat
+
+
+def _mount_store_apis(app: web.Application, store: LitStore) -> None:
+    """The Agent Lightning 0.3 REST API (for its stock client and runners) and OTLP/HTTP (any OpenTelemetry SDK
+    sends its spans here), both on the one store, closed with the app."""
+    app.add_subapp(PREFIX, build_agl_app(store))
+    add_otlp_routes(app, store, MAX_BODY)
+
+    async def close_store(_: web.Application) -> None:
+        await store.close()
+
+    app.on_cleanup.append(close_store)
+
+
+def build_app(settings: Settings) -> web.Application:
+    ctx = GatewayContext(settings, EventProducer(settings, role=ROLE))
+    token = settings.gateway_token.get_secret_value() if settings.gateway_token else ""
+    app = web.Application(middlewares=[bearer_auth(token)], client_max_size=MAX_BODY)
+    app[CONTEXT] = ctx
+    for table in ROUTES:
+        app.add_routes(table)
+    app.cleanup_ctx.append(_heartbeat(ctx))
+    _mount_store_apis(app, LitStore(settings))
+    return app
+
+
+def run(settings: Settings, host: str, port: int) -> None:
+    web.run_app(build_app(settings), host=host, port=port, print=None)

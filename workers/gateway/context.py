@@ -1,0 +1,53 @@
+"""What the gateway's routes share: the settings, the event producer, the rollouts' state view, and the shape of
+an error (``{"error": ..., "field": ...}``)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+from aiohttp import web
+
+from litstream.infra.settings import Settings
+from litstream.streams.stateview import StateView
+
+from ..producer import EventProducer
+
+
+class GatewayContext:
+    def __init__(self, settings: Settings, events: EventProducer) -> None:
+        self.settings = settings
+        self.events = events
+        self._view_lock = threading.Lock()
+        self._view: StateView | None = None  # made on first use: it opens a consumer
+
+    def snapshots(self) -> list[dict[str, Any]]:
+        """Every rollout's latest snapshot, caught up with its topic (blocking: run it in a thread)."""
+        with self._view_lock:
+            if self._view is None:
+                self._view = StateView(self.settings)
+            snaps = self._view.catch_up(timeout=5.0)
+            return [s.model_dump(mode="json") for s in snaps.values()]
+
+
+CONTEXT = web.AppKey("gateway", GatewayContext)
+
+
+def context_of(request: web.Request) -> GatewayContext:
+    return request.config_dict[CONTEXT]
+
+
+def error(status: int, message: str, field: str | None = None) -> web.Response:
+    body: dict[str, Any] = {"error": message}
+    if field is not None:
+        body["field"] = field
+    return web.json_response(body, status=status)
+
+
+async def read_json(request: web.Request) -> Any:
+    try:
+        return await request.json()
+    except json.JSONDecodeError as exc:
+        raise web.HTTPBadRequest(text=json.dumps({"error": f"body is not JSON: {exc}"}),
+                                 content_type="application/json") from None
