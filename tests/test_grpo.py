@@ -100,3 +100,32 @@ def test_response_logprobs_match_unpadded_forward() -> None:
             assert logp[b, j].item() == pytest.approx(ref[len(pr) - 1 + j, tok].item(), abs=1e-5)
     assert logp[1, 1:].abs().sum().item() == 0.0  # masked
     assert 0 < ent[0, 0].item() <= math.log(259) + 1e-4
+
+
+def test_entropy_bonus_lowers_the_loss_by_coef_times_token_mean_entropy() -> None:
+    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0]])
+    entropy = torch.tensor([[0.5, 1.5]], requires_grad=True)
+    adv = torch.tensor([1.0])
+    plain, _ = grpo_loss(logp, logp.detach(), adv, mask, LossConfig())
+    bonus, st = grpo_loss(logp, logp.detach(), adv, mask, LossConfig(entropy_coef=0.1), entropy=entropy)
+    assert float(bonus) == pytest.approx(float(plain) - 0.1 * 1.0)  # token mean of the entropy is 1.0
+    bonus.backward()
+    assert entropy.grad is not None and entropy.grad[0].tolist() == pytest.approx([-0.05, -0.05])
+    assert st.entropy == pytest.approx(2.0)  # the stats keep the summed entropy
+
+
+def test_epochs_take_that_many_optimizer_steps_on_one_window() -> None:
+    from litstream.trainer.learner import GrpoLearner, LearnerConfig
+    from litstream.trainer.windows import Sample
+
+    policy = build_policy("tiny", seed=0)
+    tok = policy.tokenizer
+    samples = [Sample(rollout_id=f"ro-{i}", attempt_id="at-1", index=0, group_id="g", policy_version=0,
+                      prompt_token_ids=tok.encode("ax1="), response_token_ids=[97 + i, tok.eos_id],
+                      response_logprobs=[], reward=float(i)) for i in range(4)]
+    learner = GrpoLearner(policy.model, tok, LearnerConfig(lr=1e-3, epochs=3))
+    learner.step([samples])
+    state = learner.optimizer.state[next(iter(policy.model.parameters()))]
+    assert int(state["step"]) == 3  # three AdamW steps on one window, one policy version
+    assert learner.version == 1

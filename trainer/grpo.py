@@ -104,6 +104,7 @@ class LossConfig:
     clip_eps_high: float | None = None  # asymmetric upper clip (DAPO's clip-higher); None: = clip_eps
     dual_clip: float | None = None  # c > 1, e.g. 3.0; None: off
     kl_beta: float = 0.0
+    entropy_coef: float = 0.0  # a bonus on the policy's entropy (needs the entropy with its gradient)
 
 
 @dataclass
@@ -145,6 +146,8 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
         kl = torch.exp(d) - d - 1.0
         if cfg.kl_beta:
             per_token = per_token + cfg.kl_beta * kl
+    if cfg.entropy_coef and entropy is not None:
+        per_token = per_token - cfg.entropy_coef * entropy
     n_tokens = float(mask.sum().item())
     norm = normalizer if normalizer is not None else max(n_tokens, 1.0)
     loss = (per_token * mask).sum() / norm
@@ -155,6 +158,6 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
             clipped=float((clipped.float() * mask).sum().item()),
             ratio=float((ratio * mask).sum().item()),
             kl=float((kl * mask).sum().item()),
-            entropy=float((entropy * mask).sum().item()) if entropy is not None else 0.0,
+            entropy=float((entropy.detach() * mask).sum().item()) if entropy is not None else 0.0,
         )
     return loss, stats

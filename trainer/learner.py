@@ -27,6 +27,9 @@ class LearnerConfig:
     adv_eps: float = 1e-6
     unbiased_std: bool = True
     with_entropy: bool = True
+    # Optimizer steps per window over the same samples (PPO-style epochs): the clipped ratio against the generating
+    # engine's log-probs keeps the later passes near the policy that sampled them.
+    epochs: int = 1
     loss: LossConfig = field(default_factory=LossConfig)
 
 
@@ -83,23 +86,9 @@ class GrpoLearner:
         advs = group_advantages(rewards, gids, eps=self.cfg.adv_eps, unbiased=self.cfg.unbiased_std)
         total_tokens = sum(len(s.response_token_ids) for s in samples)
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        agg = LossStats(0, 0, 0, 0, 0)
-        loss_sum = 0.0
         batches = self._micro_batches(samples)
-        for idx in batches:
-            loss, st = self._micro_step([samples[i] for i in idx], [advs[i] for i in idx], total_tokens)
-            loss.backward()
-            loss_sum += float(loss.item())
-            for name in ("tokens", "clipped", "ratio", "kl", "entropy"):
-                setattr(agg, name, getattr(agg, name) + getattr(st, name))
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        if self.cfg.max_grad_norm is not None:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm).item())
-        else:
-            grad_norm = float(torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None])))
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        for _ in range(max(self.cfg.epochs, 1)):
+            agg, loss_sum, grad_norm = self._update(samples, advs, batches, total_tokens)
         self.model.eval()
         lags = [self.version - s.policy_version for s in samples if s.policy_version is not None]
         by_group: dict[str, list[float]] = {}
@@ -115,6 +104,27 @@ class GrpoLearner:
             reward_mean=sum(rewards) / len(rewards), adv_abs_mean=sum(abs(a) for a in advs) / len(advs),
             zero_adv_groups=sum(1 for rs in by_group.values() if max(rs) == min(rs)),
             version_lag=sum(lags) / len(lags) if lags else 0.0, seconds=time.perf_counter() - t0)
+
+    def _update(self, samples: list[Sample], advs: list[float], batches: list[list[int]], total_tokens: int,
+                ) -> tuple[LossStats, float, float]:
+        """One optimizer step over every micro-batch: the stats, the summed loss and the gradient norm."""
+        self.optimizer.zero_grad(set_to_none=True)
+        agg = LossStats(0, 0, 0, 0, 0)
+        loss_sum = 0.0
+        for idx in batches:
+            loss, st = self._micro_step([samples[i] for i in idx], [advs[i] for i in idx], total_tokens)
+            loss.backward()
+            loss_sum += float(loss.item())
+            for name in ("tokens", "clipped", "ratio", "kl", "entropy"):
+                setattr(agg, name, getattr(agg, name) + getattr(st, name))
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.cfg.max_grad_norm is not None:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm).item())
+        else:
+            grad_norm = float(torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None])))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return agg, loss_sum, grad_norm
 
     def _micro_step(self, samples: list[Sample], advs: list[float], normalizer: int,
                     ) -> tuple[torch.Tensor, LossStats]:
@@ -132,7 +142,7 @@ class GrpoLearner:
         if self.ref_model is not None:
             with torch.no_grad():
                 ref, _ = response_logprobs(self.ref_model, batch)
-        if entropy is not None:
+        if entropy is not None and not self.cfg.loss.entropy_coef:
             entropy = entropy.detach()
         return grpo_loss(logp, old, torch.tensor(advs, dtype=logp.dtype), batch.response_mask, self.cfg.loss,
                          ref_logp=ref, entropy=entropy, normalizer=float(max(normalizer, 1)))
