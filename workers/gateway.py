@@ -24,6 +24,7 @@ from litstream.streams.store import LitStore
 
 from .agl_api import PREFIX, build_agl_app
 from .client import enqueue_rollout
+from .dashboard import add_dashboard_routes
 from .otlp import add_otlp_routes
 from .producer import EventProducer
 
@@ -124,6 +125,7 @@ def build_app(settings: Settings) -> web.Application:
     store = LitStore(settings)
     app.add_subapp(PREFIX, build_agl_app(store))
     add_otlp_routes(app, store, MAX_BODY)  # OTLP/HTTP: any OpenTelemetry SDK sends its spans here
+    add_dashboard_routes(app, settings, store)  # the web dashboard at /, and /metrics
 
     async def close_store(_: web.Application) -> None:
         await store.close()
