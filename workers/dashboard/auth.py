@@ -49,7 +49,7 @@ def add_cookie_auth(app: web.Application, token: str, env: jinja2.Environment) -
         if request.path == LOGIN:
             return await login(request)
         if "token" in request.query and _is_page(request) and hmac.compare_digest(request.query["token"], token):
-            clean = request.rel_url.without_query("token")
+            clean = request.rel_url.with_query([(k, v) for k, v in request.query.items() if k != "token"])
             return with_cookie(web.HTTPSeeOther(str(clean)))
         cookie = request.cookies.get(COOKIE)
         if cookie and "Authorization" not in request.headers:

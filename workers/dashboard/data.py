@@ -50,9 +50,11 @@ class RolloutFilter:
             raise BadFilter(f"page must be a whole number (got {query.get('page')!r})") from None
         return cls(status, mode, query.get("resources_id", "").strip(), since, page)
 
-    def matches(self, s: RolloutSnapshot, now: float) -> bool:
+    def matches(self, s: RolloutSnapshot, now: float, used: frozenset[str] = frozenset()) -> bool:
+        """``used``: rollouts whose spans name resources matching the filter (a rollout that names none runs on
+        the latest published, so what it used is known from its spans)."""
         return ((not self.status or s.status == self.status) and (not self.mode or (s.mode or "") == self.mode)
-                and (not self.resources_id or self.resources_id in (s.resources_id or ""))
+                and (not self.resources_id or self.resources_id in (s.resources_id or "") or s.rollout_id in used)
                 and (not self.since or s.start_time >= now - _SINCE_SECONDS[self.since]))
 
 
@@ -65,14 +67,15 @@ class RolloutPage:
     counts: dict[str, int] = field(default_factory=dict)
 
 
-def rollout_page(snapshots: Iterable[RolloutSnapshot], f: RolloutFilter, now: float | None = None) -> RolloutPage:
+def rollout_page(snapshots: Iterable[RolloutSnapshot], f: RolloutFilter, now: float | None = None,
+                 used: frozenset[str] = frozenset()) -> RolloutPage:
     """Newest first; ``counts`` are per status over every rollout (the summary bar ignores the filter)."""
     now = time.time() if now is None else now
     every = list(snapshots)
     counts = {status: 0 for status in ROLLOUT_STATUSES}
     for s in every:
         counts[s.status] = counts.get(s.status, 0) + 1
-    chosen = sorted((s for s in every if f.matches(s, now)), key=lambda s: s.start_time, reverse=True)
+    chosen = sorted((s for s in every if f.matches(s, now, used)), key=lambda s: s.start_time, reverse=True)
     pages = max(1, math.ceil(len(chosen) / PAGE_SIZE))
     page = min(f.page, pages)
     items = chosen[(page - 1) * PAGE_SIZE: page * PAGE_SIZE]
@@ -95,17 +98,22 @@ class TimelineBar:
 
 
 def attempt_timeline(s: RolloutSnapshot, now: float | None = None) -> list[TimelineBar]:
-    """The attempts as bars on one time axis, from the rollout's start to its end (or now)."""
+    """The wait in the queue, then each attempt, as bars on one time axis from the rollout's start to its end
+    (or now)."""
     now = time.time() if now is None else now
     t0 = s.start_time
     t1 = max([s.end_time or now, *[(a.end_time or now) for a in s.attempts]])
     total = max(t1 - t0, 1e-6)
-    bars = []
-    for a in s.attempts:
-        end = a.end_time or now
-        left = (a.start_time - t0) / total * 100
-        bars.append(TimelineBar(f"attempt {a.sequence_id}", a.status, a.worker_id or "-", max(0.0, left),
-                                max(0.8, (end - a.start_time) / total * 100), a.start_time, a.end_time, a.error))
+
+    def bar(label: str, status: str, worker: str, start: float, end: float | None, error: str | None) -> TimelineBar:
+        stop = end if end is not None else now
+        return TimelineBar(label, status, worker, max(0.0, (start - t0) / total * 100),
+                           max(0.8, (stop - start) / total * 100), start, end, error)
+
+    first = s.attempts[0].start_time if s.attempts else None
+    bars = [bar("queued", "queued", "waiting for a runner", t0, first, None)]
+    bars += [bar(f"attempt {a.sequence_id}", a.status, a.worker_id or "-", a.start_time, a.end_time, a.error)
+             for a in s.attempts]
     return bars
 
 
@@ -245,6 +253,19 @@ def rewards(spans: list[Span]) -> list[tuple[str, str, float]]:
             if isinstance(value, (int, float)):
                 out.append((s.span_id, str(a.get(f"agentlightning.reward.{i}.name", "primary")), float(value)))
             i += 1
+    return out
+
+
+# -- resources ----------------------------------------------------------------------------------------------
+
+
+def resource_lines(resources: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """(name, type, the fields that tell versions apart: endpoint, model, template) of each named resource."""
+    out = []
+    for name, res in resources.items():
+        fields = res.model_dump(exclude={"resource_type"}, exclude_none=True) if hasattr(res, "model_dump") else res
+        summary = ", ".join(f"{k}={_short(v, 160)}" for k, v in fields.items() if v not in ({}, [], ""))
+        out.append((name, str(getattr(res, "resource_type", "")), summary))
     return out
 
 

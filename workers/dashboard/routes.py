@@ -23,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from litstream.infra import clickhouse, health, metrics
 from litstream.infra.settings import Settings
 from litstream.schemas.models import ROLLOUT_STATUSES
+from litstream.schemas.policy import parse_policy_version
 from litstream.streams.store import LitStore
 
 from . import data
@@ -44,6 +45,11 @@ LEFT JOIN (SELECT rollout_id, any(mode) AS mode FROM rollout_events FINAL
            WHERE event_type = 'RolloutEnqueued' GROUP BY rollout_id) AS e USING rollout_id
 GROUP BY s.resources_id, e.mode
 """
+SPAN_FACTS_SQL = """
+SELECT rollout_id, argMax(resources_id, sequence_id), argMaxIf(reward, sequence_id, reward IS NOT NULL)
+FROM spans FINAL WHERE rollout_id IN ({ids}) GROUP BY rollout_id
+"""
+USING_SQL = "SELECT DISTINCT rollout_id FROM spans WHERE position(resources_id, {resources}) > 0"
 TRIPLETS_SQL = """
 SELECT attempt_id, `index`, policy_version, reward, prompt_text, response_text, length(prompt_token_ids),
        length(response_token_ids)
@@ -64,6 +70,7 @@ def _environment() -> jinja2.Environment:
     env.globals["statuses"] = ROLLOUT_STATUSES
     env.globals["modes"] = data.MODES
     env.globals["since_choices"] = data.SINCE_CHOICES
+    env.globals["lines"] = data.resource_lines
     return env
 
 
@@ -105,8 +112,29 @@ class Dashboard:
         f, error = _filter(request)
         if error:
             return self.render("error.html", status=400, message=error)
-        page = data.rollout_page(self.store.rollouts.snapshots.values(), f)
-        return self.render("rollouts_list.html", page=page, f=f, now=time.time())
+        used = await self.rollouts_using(f.resources_id) if f.resources_id else frozenset()
+        page = data.rollout_page(self.store.rollouts.snapshots.values(), f, used=used)
+        facts = await self.span_facts([s.rollout_id for s in page.items])
+        return self.render("rollouts_list.html", page=page, f=f, facts=facts, now=time.time())
+
+    async def span_facts(self, rollout_ids: list[str]) -> dict[str, tuple[str, float | None]]:
+        """Per rollout, from its spans: the resources it ran with and its last reward. Empty when the spans
+        cannot be read now (the list still shows)."""
+        if not rollout_ids:
+            return {}
+        ids = ", ".join(sql_string(r) for r in rollout_ids)
+        try:
+            rows = (await self.sql(SPAN_FACTS_SQL.format(ids=ids))).rows
+        except Exception:  # noqa: BLE001 - missing columns beat a missing list
+            return {}
+        return {str(r[0]): (str(r[1]), None if r[2] is None else float(r[2])) for r in rows}
+
+    async def rollouts_using(self, resources: str) -> frozenset[str]:
+        try:
+            rows = (await self.sql(USING_SQL.format(resources=sql_string(resources)))).rows
+        except Exception:  # noqa: BLE001 - then the filter matches on what the rollouts asked for only
+            return frozenset()
+        return frozenset(str(r[0]) for r in rows)
 
     async def rollout_page(self, request: web.Request) -> web.Response:
         rid = _rollout_id(request)
@@ -151,6 +179,8 @@ class Dashboard:
             body["rewards"], body["error"] = {"labels": [], "series": {}}, f"rewards: {exc}"
         latest = self.store.resources.state.latest
         body["latest_resources"] = latest.resources_id if latest is not None else None
+        if body["steps"]["current_version"] is None and latest is not None:  # no step yet: the published one
+            body["steps"]["current_version"] = parse_policy_version(latest.resources_id)
         return web.json_response(body)
 
     # -- resources, workers, dead letters --------------------------------------------------------------------

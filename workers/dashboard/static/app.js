@@ -4,9 +4,11 @@
   const palette = ["#3056d3", "#e09b00", "#1f9d55", "#d64545", "#7c4dff", "#4a90c2"];
 
   function lineChart(canvas, labels, series, opts) {
+    const bar = opts && opts.type === "bar";
     const datasets = Object.entries(series).map(([name, values], i) => ({
       label: name, data: values, borderColor: palette[i % palette.length],
-      backgroundColor: palette[i % palette.length] + "33", spanGaps: true, tension: 0.2, pointRadius: 3,
+      backgroundColor: palette[i % palette.length] + (bar ? "cc" : "33"), spanGaps: true, tension: 0.2,
+      pointRadius: 3, yAxisID: opts && opts.twoAxes && i > 0 ? "y1" : "y",
     }));
     if (canvas._chart) {
       canvas._chart.data.labels = labels;
@@ -18,7 +20,8 @@
       type: (opts && opts.type) || "line", data: { labels: labels, datasets: datasets },
       options: { animation: false, responsive: true, maintainAspectRatio: true, aspectRatio: 2.4,
                  plugins: { legend: { display: datasets.length > 1 || !!(opts && opts.legend) } },
-                 scales: { y: { beginAtZero: !!(opts && opts.zero) } } },
+                 scales: Object.assign({ y: { beginAtZero: !!(opts && opts.zero) } },
+                   opts && opts.twoAxes ? { y1: { position: "right", beginAtZero: true, grid: { drawOnChartArea: false } } } : {}) },
     });
     return canvas._chart;
   }
@@ -50,7 +53,9 @@
     root.querySelectorAll("canvas[data-chart]").forEach(function (c) {
       const spec = JSON.parse(c.dataset.chart);
       const bar = spec.labels.length <= 40;
-      lineChart(c, spec.labels, spec.series, { type: bar ? "bar" : "line", zero: true, legend: true });
+      // A second numeric column gets its own axis on the right: a count and a mean rarely share a scale.
+      lineChart(c, spec.labels, spec.series, { type: bar ? "bar" : "line", zero: true, legend: true,
+                                               twoAxes: Object.keys(spec.series).length === 2 });
     });
   }
   document.addEventListener("keydown", function (e) {
@@ -68,6 +73,13 @@
   });
 
   // The training page: poll its JSON and update the numbers and charts in place.
+  function emptyNote(canvasId, empty, text) {
+    const card = document.getElementById(canvasId).parentElement;
+    let note = card.querySelector(".empty-note");
+    if (!note) { note = document.createElement("p"); note.className = "empty-note muted"; card.insertBefore(note, card.children[1]); }
+    note.textContent = text;
+    note.hidden = !empty;
+  }
   function fmt(x, digits) { return x === null || x === undefined ? "-" : Number(x).toFixed(digits); }
   async function refreshTraining(root) {
     let body;
@@ -87,6 +99,8 @@
     document.getElementById("t-steps").textContent = s.steps;
     document.getElementById("t-step-s").textContent = s.last_step_s === null ? "-" : fmt(s.last_step_s, 2) + " s";
     document.getElementById("t-tps").textContent = fmt(s.last_tokens_per_s, 0);
+    emptyNote("chart-reward", body.rewards.labels.length === 0, "No reward recorded yet.");
+    emptyNote("chart-step-reward", s.labels.length === 0, "No training step yet: the trainer steps once a window of groups is full.");
     lineChart(document.getElementById("chart-reward"), body.rewards.labels, body.rewards.series, { legend: true });
     lineChart(document.getElementById("chart-step-reward"), s.labels, { "mean reward": s.reward });
     lineChart(document.getElementById("chart-step-time"), s.labels, { "step time (s)": s.step_s }, { zero: true });
