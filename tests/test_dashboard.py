@@ -20,9 +20,10 @@ from pydantic import SecretStr
 from litstream.app.stack import Stack
 from litstream.infra import health
 from litstream.infra.broker import EmbeddedBroker, free_port
-from litstream.infra.kafka import create_topics
+from litstream.infra.kafka import create_topics, producer
 from litstream.infra.metrics import LagCollector
 from litstream.infra.settings import Settings
+from litstream.infra.topics import Topics
 from tests.waiting import until
 
 TOKEN = "dash-s3cret"
@@ -155,8 +156,11 @@ def shot(page: Any, name: str) -> None:
 
 
 def test_dashboard_in_a_browser(stack: tuple[str, Settings], browser_page: Any) -> None:
-    base, _ = stack
+    base, settings = stack
     page = browser_page
+    bad = producer(settings)  # a message no processor can decode: the lifecycle processor dead-letters it
+    bad.produce(Topics(settings.topic_prefix).rollout_events, key=b"ro-garbage", value=b"not an event")
+    bad.flush(10)
     page.goto(f"{base}/")
     assert "/ui/login" in page.url  # the token rule: a browser without the cookie is asked for the token
     page.fill("input[name=token]", "wrong")
@@ -195,10 +199,12 @@ def test_dashboard_in_a_browser(stack: tuple[str, Settings], browser_page: Any) 
     for path, name, ready in (("/ui/training", "training", "#chart-reward"),
                               ("/ui/resources", "resources", "text=policy-v0"),
                               ("/ui/workers", "workers", "text=span-sink"),
-                              ("/ui/dead-letters", "dead-letters", "#dead-letters table")):
+                              ("/ui/dead-letters", "dead-letters", "#dead-letters td.reason")):
         page.goto(f"{base}{path}")
         page.wait_for_selector(ready, timeout=60_000)
         shot(page, name)
+
+    assert "decode" in page.locator("#dead-letters").inner_text()
 
     page.goto(f"{base}/ui/sql")
     page.click("#sql-run")

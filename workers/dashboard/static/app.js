@@ -1,6 +1,11 @@
 // litstream dashboard: page behaviour on top of htmx (fragments) and Chart.js (charts). No network but this gateway.
 (function () {
   "use strict";
+  // Error fragments (a bad query, an unknown rollout) are written to be shown: swap 4xx and 5xx answers too.
+  htmx.config.responseHandling = [
+    { code: "204", swap: false },
+    { code: "[2345]..", swap: true, error: false },
+  ];
   const palette = ["#3056d3", "#e09b00", "#1f9d55", "#d64545", "#7c4dff", "#4a90c2"];
 
   function lineChart(canvas, labels, series, opts) {
