@@ -118,16 +118,20 @@ class LagCollector(Collector):
             topics = json.loads(raw).get("topics", {})
         except json.JSONDecodeError:
             return
-        seen: dict[tuple[str, str, str], int] = {}
+        seen: dict[tuple[str, str], int] = {}
         for topic, t in topics.items():
             for partition, p in t.get("partitions", {}).items():
                 lag = int(p.get("consumer_lag", -1))
                 if partition != "-1" and lag >= 0:
-                    seen[(group, topic, partition)] = lag
+                    seen[(topic, partition)] = lag
+        self.set_group(group, seen)
+
+    def set_group(self, group: str, lags: Mapping[tuple[str, str], int]) -> None:
+        """The group's lag per (topic, partition) this process holds now; partitions not named are dropped."""
         with self.lock:
-            for key in [k for k in self.lag if k[0] == group and k not in seen]:
+            for key in [k for k in self.lag if k[0] == group]:
                 del self.lag[key]  # a partition moved to another member: its lag is reported there now
-            self.lag.update(seen)
+            self.lag.update({(group, topic, partition): lag for (topic, partition), lag in lags.items()})
 
     def collect(self) -> Iterator[Metric]:
         family = GaugeMetricFamily("litstream_consumer_lag", "Messages between a consumer group's committed "
@@ -142,6 +146,10 @@ class LagCollector(Collector):
 LAG = LagCollector()
 REGISTRY.register(LAG)
 _serving = threading.Event()
+
+
+def serving() -> bool:
+    return _serving.is_set()
 
 
 def kafka_stats_config(group: str) -> dict[str, Any]:

@@ -110,6 +110,8 @@ class LifecycleProcessor:
                                     options=dict(ROCKSDB_OPTIONS) if settings.table_store == "rocksdb" else None)
         self.app.agent(self.source, name="fold")(self._fold_stream)
         self.app.timer(interval=2.0)(self._beat)
+        if metrics.serving():
+            self.app.timer(interval=metrics.STATS_INTERVAL_MS / 1000)(self._report_lag)
         self.app.timer(interval=TICK_S)(self._tick)
         self._deadlines: dict[str, tuple[float, int]] = {}
         self._heap: list[tuple[float, str]] = []
@@ -120,6 +122,19 @@ class LifecycleProcessor:
 
     async def _beat(self) -> None:
         health.beat(self.settings.data_dir, ROLE, **self.stats)
+
+    async def _report_lag(self) -> None:
+        """The source topic's lag, from the fetch high-water marks aiokafka keeps (right on every broker, unlike
+        ListOffsets on the embedded one) and the offsets Faust last committed."""
+        consumer = self.app.consumer
+        committed = getattr(consumer, "_committed_offset", {})  # Faust keeps no public view of it
+        name = self.source.get_topic_name()
+        lags: dict[tuple[str, str], int] = {}
+        for tp in consumer.assignment():
+            end = consumer.highwater(tp) if tp.topic == name else None
+            if end is not None:
+                lags[(tp.topic, str(tp.partition))] = max(0, end - (committed.get(tp) or 0))
+        metrics.LAG.set_group(self.topics.faust_app_id, lags)
 
     async def _fold_stream(self, stream: Any) -> None:
         async for event in stream.events():

@@ -79,7 +79,8 @@ def finished(base: str, rid: str) -> bool:
 # -- /metrics ------------------------------------------------------------------------------------------------
 
 EXPECTED = {
-    "lifecycle": ["litstream_events_total", "litstream_attempt_timeouts_total", "litstream_retries_total"],
+    "lifecycle": ["litstream_events_total", "litstream_attempt_timeouts_total", "litstream_retries_total",
+                  "litstream_consumer_lag"],
     "span-sink": ["litstream_spans_total", "litstream_sink_rows_total", "litstream_sink_batch_size_bucket",
                   "litstream_sink_batch_seconds_bucket", "litstream_consumer_lag"],
     "triplets": ["litstream_triplets_total", "litstream_triplet_attempts_total", "litstream_consumer_lag"],
@@ -156,14 +157,10 @@ def shot(page: Any, name: str) -> None:
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
-def test_dashboard_in_a_browser(stack: tuple[str, Settings], browser_page: Any) -> None:
-    base, settings = stack
-    page = browser_page
-    bad = producer(settings)  # a message no processor can decode: the lifecycle processor dead-letters it
-    bad.produce(Topics(settings.topic_prefix).rollout_events, key=b"ro-garbage", value=b"not an event")
-    bad.flush(10)
+def log_in(page: Any, base: str) -> None:
+    """The token rule: a browser without the cookie is asked for the token, and a wrong one is refused."""
     page.goto(f"{base}/")
-    assert "/ui/login" in page.url  # the token rule: a browser without the cookie is asked for the token
+    assert "/ui/login" in page.url
     page.fill("input[name=token]", "wrong")
     page.click("button[type=submit]")
     assert page.locator(".error").is_visible()
@@ -171,21 +168,24 @@ def test_dashboard_in_a_browser(stack: tuple[str, Settings], browser_page: Any) 
     page.click("button[type=submit]")
     page.wait_for_selector("#rollout-table")
 
-    # A rollout enqueued through the API appears without a reload, and runs to the end.
+
+def rollout_appears_live(page: Any, base: str) -> Any:
+    """A rollout enqueued through the API appears without a reload and runs to the end; the filter narrows."""
     rid = enqueue(base, {"a": 4, "b": 5, "op": "+"})
     row = page.locator(f'tr[data-rollout="{rid}"]')
     row.wait_for(timeout=60_000)
     enqueue(base, {"a": 7, "b": 2, "op": "*"}, mode="val")
     page.locator(f'tr[data-rollout="{rid}"] .pill.st-succeeded').wait_for(timeout=120_000)
     shot(page, "rollouts")
-
-    # The filter narrows the live list.
     page.select_option("select[name=mode]", "val")
     page.wait_for_function(f"!document.querySelector('tr[data-rollout=\"{rid}\"]')")
     page.select_option("select[name=mode]", "")
     row.wait_for()
+    return row
 
-    # One rollout: attempts, the span tree (a row opens onto its attributes), LLM calls, rewards.
+
+def span_tree_opens(page: Any, row: Any) -> None:
+    """One rollout: attempts, the span tree (a row opens onto its attributes), LLM calls."""
     row.locator("a").click()
     page.wait_for_selector(".tl-bar.st-succeeded")
     llm = page.locator(".wf-row:has(.kind.k-llm)").first
@@ -197,16 +197,8 @@ def test_dashboard_in_a_browser(stack: tuple[str, Settings], browser_page: Any) 
     assert page.locator("text=What is 4 + 5?").first.is_visible()
     shot(page, "rollout")
 
-    for path, name, ready in (("/ui/training", "training", "#chart-reward"),
-                              ("/ui/resources", "resources", "text=policy-v0"),
-                              ("/ui/workers", "workers", "text=span-sink"),
-                              ("/ui/dead-letters", "dead-letters", "#dead-letters td.reason")):
-        page.goto(f"{base}{path}")
-        page.wait_for_selector(ready, timeout=60_000)
-        shot(page, name)
 
-    assert "decode" in page.locator("#dead-letters").inner_text()
-
+def sql_console_answers(page: Any, base: str) -> None:
     page.goto(f"{base}/ui/sql")
     page.click("#sql-run")
     page.wait_for_selector("#sql-table tbody tr", timeout=60_000)
@@ -220,3 +212,23 @@ def test_dashboard_in_a_browser(stack: tuple[str, Settings], browser_page: Any) 
     page.click("#sql-run")
     page.wait_for_function("document.querySelector('#sql-result .error') && "
                            "/readonly|Cannot execute/i.test(document.querySelector('#sql-result .error').innerText)")
+
+
+def test_dashboard_in_a_browser(stack: tuple[str, Settings], browser_page: Any) -> None:
+    base, settings = stack
+    page = browser_page
+    bad = producer(settings)  # a message no processor can decode: the lifecycle processor dead-letters it
+    bad.produce(Topics(settings.topic_prefix).rollout_events, key=b"ro-garbage", value=b"not an event")
+    bad.flush(10)
+    log_in(page, base)
+    row = rollout_appears_live(page, base)
+    span_tree_opens(page, row)
+    for path, name, ready in (("/ui/training", "training", "#chart-reward"),
+                              ("/ui/resources", "resources", "text=policy-v0"),
+                              ("/ui/workers", "workers", "text=span-sink"),
+                              ("/ui/dead-letters", "dead-letters", "#dead-letters td.reason")):
+        page.goto(f"{base}{path}")
+        page.wait_for_selector(ready, timeout=60_000)
+        shot(page, name)
+    assert "decode" in page.locator("#dead-letters").inner_text()  # the reason's kind, next to its text
+    sql_console_answers(page, base)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -80,6 +81,7 @@ class Dashboard:
         self.store = store
         self.env = _environment()
         self._letters: DeadLetterFeed | None = None
+        self._letters_lock = threading.Lock()  # the page (a worker thread) and a scrape (the metrics thread)
 
     # -- helpers --------------------------------------------------------------------------------------------
 
@@ -94,9 +96,11 @@ class Dashboard:
         return await asyncio.to_thread(clickhouse.query, self.settings.resolved_clickhouse_dsn, query)
 
     def letters(self) -> DeadLetterFeed:
-        if self._letters is None:
-            self._letters = DeadLetterFeed(self.settings)
-        return self._letters
+        """The dead-letter feed, started by the first page view or scrape that needs it."""
+        with self._letters_lock:
+            if self._letters is None:
+                self._letters = DeadLetterFeed(self.settings)
+            return self._letters
 
     def close(self) -> None:
         if self._letters is not None:
