@@ -184,6 +184,21 @@ def rollout_appears_live(page: Any, base: str) -> Any:
     return row
 
 
+def pages_through(page: Any, base: str) -> None:
+    """Over 25 rollouts: a second page, reached with the pager; the live refresh keeps it."""
+    for i in range(26):
+        enqueue(base, {"a": i, "b": 1, "op": "+"}, mode="test")
+    page.goto(f"{base}/")
+    page.wait_for_selector("text=page 1 of 2", timeout=60_000)
+    page.click("text=older →")
+    page.wait_for_selector("text=page 2 of 2")
+    page.evaluate("window.swaps = 0; document.addEventListener('htmx:afterSwap', () => window.swaps++)")
+    page.wait_for_function("window.swaps >= 2")  # two live refreshes later ...
+    assert page.locator("text=page 2 of 2").is_visible()  # ... still the second page
+    page.select_option("select[name=status]", "succeeded")  # a new filter starts again at page 1
+    page.wait_for_selector("text=page 1 of")
+
+
 def span_tree_opens(page: Any, row: Any) -> None:
     """One rollout: attempts, the span tree (a row opens onto its attributes), LLM calls."""
     row.locator("a").click()
@@ -232,3 +247,4 @@ def test_dashboard_in_a_browser(stack: tuple[str, Settings], browser_page: Any) 
         shot(page, name)
     assert "decode" in page.locator("#dead-letters").inner_text()  # the reason's kind, next to its text
     sql_console_answers(page, base)
+    pages_through(page, base)

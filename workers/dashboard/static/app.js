@@ -38,10 +38,13 @@
     input.value = n;
     htmx.ajax("GET", "/ui/f/rollouts", { target: "#rollouts", values: htmx.values(document.getElementById("filters")) });
   };
-  document.addEventListener("change", function (e) {
+  // Capture phase: reset the page before htmx's own listener on the form sends the new filter.
+  function backToFirstPage(e) {
     const form = e.target.closest && e.target.closest("#filters");
     if (form && e.target.name !== "page") document.getElementById("page-input").value = 1;
-  });
+  }
+  document.addEventListener("change", backToFirstPage, true);
+  document.addEventListener("keyup", backToFirstPage, true);
 
   // Keep open span rows open across a live refresh of the span tree.
   let openSpans = [];
