@@ -126,14 +126,20 @@ class LifecycleProcessor:
     async def _report_lag(self) -> None:
         """The source topic's lag, from the fetch high-water marks aiokafka keeps (right on every broker, unlike
         ListOffsets on the embedded one) and the offsets Faust last committed."""
+        if self.app.rebalancing or self.app.in_recovery:
+            return
         consumer = self.app.consumer
         committed = getattr(consumer, "_committed_offset", {})  # Faust keeps no public view of it
         name = self.source.get_topic_name()
         lags: dict[tuple[str, str], int] = {}
-        for tp in consumer.assignment():
-            end = consumer.highwater(tp) if tp.topic == name else None
-            if end is not None:
-                lags[(tp.topic, str(tp.partition))] = max(0, end - (committed.get(tp) or 0))
+        try:
+            for tp in consumer.assignment():
+                end = consumer.highwater(tp) if tp.topic == name else None
+                if end is not None:
+                    lags[(tp.topic, str(tp.partition))] = max(0, end - (committed.get(tp) or 0))
+        except Exception as exc:  # noqa: BLE001 - a metric must never stop the processor
+            log.debug("lag not available now: %s", exc)
+            return
         metrics.LAG.set_group(self.topics.faust_app_id, lags)
 
     async def _fold_stream(self, stream: Any) -> None:
