@@ -319,7 +319,8 @@ def process_trainer(policy: str, checkpoints: Path | None, group_size: int, grou
               help="On stop, seconds in-flight attempts get to finish before they are released.")
 def runner(concurrency: int, agent_path: str, max_rollouts: int | None, drain: float) -> None:
     """Run an agent (module:function or module:LitAgentClass) on rollouts from the offers topic."""
-    from litstream.workers.runner import Runner
+    from litstream.infra import metrics
+    from litstream.workers.runner import RUNNER_SERIES, Runner
 
     _logging()
     module, _, func = agent_path.partition(":")
@@ -327,10 +328,14 @@ def runner(concurrency: int, agent_path: str, max_rollouts: int | None, drain: f
         agent = getattr(importlib.import_module(module), func)
     except (ImportError, AttributeError) as exc:
         _fail(f"cannot load agent {agent_path!r}: {exc}")
+    settings = load_settings()
     try:
-        r = Runner(load_settings(), agent, concurrency=concurrency, drain_s=drain)
-    except TypeError as exc:
+        metrics.serve(settings, "runner")
+        r = Runner(settings, agent, concurrency=concurrency, drain_s=drain)
+    except (TypeError, RuntimeError) as exc:
         _fail(str(exc))
+    metrics.expose_stats("runner", lambda: r.stats, RUNNER_SERIES)
+    metrics.mark_ready()
     signal.signal(signal.SIGTERM, lambda *_: r.stop_event.set())
     try:
         r.run(max_rollouts=max_rollouts)
@@ -343,10 +348,15 @@ def runner(concurrency: int, agent_path: str, max_rollouts: int | None, drain: f
 @click.option("--port", default=None, type=int, help="Port (default LITSTREAM_GATEWAY_PORT, 8080).")
 def gateway(host: str | None, port: int | None) -> None:
     """The HTTP gateway."""
+    from litstream.infra import metrics
     from litstream.workers import gateway as gw
 
     _logging()
     settings = load_settings()
+    try:
+        metrics.serve(settings, gw.ROLE)  # for Prometheus; the gateway's own port serves /metrics too (token rule)
+    except RuntimeError as exc:
+        _fail(str(exc))
     gw.run(settings, host or settings.gateway_host, port or settings.gateway_port)
 
 

@@ -13,6 +13,7 @@ from confluent_kafka import Consumer as _Consumer
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from . import metrics
 from .profiles import consumer_profile, security_config
 from .settings import Settings
 from .topics import physical_topics
@@ -59,6 +60,7 @@ def consumer(settings: Settings, group_id: str, **overrides: Any) -> _Consumer:
         "log.connection.close": False,
         **consumer_profile(settings),
         **security_config(settings),
+        **metrics.kafka_stats_config(group_id),  # lag for /metrics, when this process serves it
         **overrides,
     }
     return _Consumer(conf)

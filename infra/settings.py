@@ -50,6 +50,11 @@ class Settings(BaseSettings):
     gateway_port: int = 8080
     gateway_token: SecretStr | None = None
 
+    # Each long-running process serves /metrics, /healthz and /readyz here (infra/metrics.py). Port 0 picks a
+    # free one (recorded in the process's health beat), so the processes of one machine never collide; -1: off.
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(0, ge=-1, le=65535)
+
     @property
     def chdb_path(self) -> Path:
         return (self.data_dir / "chdb").resolve()

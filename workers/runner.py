@@ -17,8 +17,10 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message, TopicPartition
 
-from litstream.infra import health
+from litstream.infra import health, metrics
 from litstream.infra.kafka import Backpressure, commit_sync, consumer, poll_batch
+from litstream.infra.metrics import StatSeries
+from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
 from litstream.schemas.codec import DecodeError
 from litstream.schemas.events import AttemptStarted, RolloutOffered
@@ -28,11 +30,17 @@ from litstream.streams.state import rollout_from_snapshot
 from litstream.streams.views import ResourcesView, RolloutsView
 
 from .agent import AttemptInputs, as_agent
-from .producer import EventProducer
 from .sdk import AttemptContext, attempt_context
 
 log = logging.getLogger("litstream.runner")
 ROLE = "runner"
+RUNNER_SERIES = {
+    "claimed": StatSeries("litstream_runner_claims", "Offers claimed, by outcome", {"outcome": "won"}),
+    "claims_lost": StatSeries("litstream_runner_claims", "Offers claimed, by outcome", {"outcome": "lost"}),
+    "succeeded": StatSeries("litstream_runner_attempts", "Attempts run, by outcome", {"outcome": "succeeded"}),
+    "failed": StatSeries("litstream_runner_attempts", "Attempts run, by outcome", {"outcome": "failed"}),
+    "spans": StatSeries("litstream_runner_spans", "Spans emitted by the agents"),
+}
 CLAIM_ROUNDS = 3  # claims sent at most per offer when no outcome comes back
 
 
@@ -127,6 +135,7 @@ class Runner:
         except DecodeError as exc:
             letter = DeadLetter(topic, partition, offset, key, value, exc.reason, ROLE, "decode")
             self.events.produce_raw(letter.topic, key, value, headers=letter.headers())
+            metrics.record_dead_letter(ROLE, letter.source_topic, letter.error_type)
             return None
         self.claims.watch(offer.rollout_id)  # unwatched once the claim phase of _claim_then_run is over
         return (offer, *self._claim(offer))
