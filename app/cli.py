@@ -82,7 +82,7 @@ def main(ctx: click.Context) -> None:
         quiet_clients()
 
 
-def _broker(settings: Settings, timeout: float = 5.0) -> None:
+def _broker(settings: Settings, timeout: float = 3.0) -> None:
     """Fail in one line, within ``timeout``, when no broker answers."""
     from litstream.infra.kafka import wait_for_broker
 
@@ -233,7 +233,7 @@ def status() -> None:
     table = _table("part", "state", "detail", title="litstream status")
     ok = True
     try:
-        wait_for_broker(settings, timeout=5.0)
+        wait_for_broker(settings, timeout=3.0)
         table.add_row("broker", "[green]up[/]", settings.bootstrap_servers)
         missing = missing_topics(settings)
         table.add_row("topics", "[green]ok[/]" if not missing else "[red]missing[/]",

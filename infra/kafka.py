@@ -108,7 +108,7 @@ def wait_for_broker(settings: Settings, timeout: float = 30.0) -> None:
     last: Exception | None = None
     while time.monotonic() < deadline:
         try:
-            admin(settings).list_topics(timeout=2.0)
+            admin(settings).list_topics(timeout=max(0.2, min(2.0, deadline - time.monotonic())))
             return
         except KafkaException as exc:
             last = exc
