@@ -398,7 +398,9 @@ def process_trainer(policy: str, checkpoints: Path | None, group_size: int, grou
 @click.option("--max-rollouts", type=int, default=None, help="Stop after claiming this many rollouts.")
 @click.option("--drain", default=30.0, show_default=True,
               help="On stop, seconds in-flight attempts get to finish before they are released.")
-def runner(concurrency: int, agent_path: str, max_rollouts: int | None, drain: float) -> None:
+@click.option("--progress-every", default=5.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds between progress lines (attempts done, rate, mean reward, policy).")
+def runner(concurrency: int, agent_path: str, max_rollouts: int | None, drain: float, progress_every: float) -> None:
     """Run an agent (module:function or module:LitAgentClass) on rollouts from the offers topic."""
     from litstream.workers.runner import Runner
 
@@ -409,7 +411,7 @@ def runner(concurrency: int, agent_path: str, max_rollouts: int | None, drain: f
     except (ImportError, AttributeError) as exc:
         _fail(f"cannot load agent {agent_path!r}: {exc}")
     try:
-        r = Runner(load_settings(), agent, concurrency=concurrency, drain_s=drain)
+        r = Runner(load_settings(), agent, concurrency=concurrency, drain_s=drain, progress_s=progress_every)
     except TypeError as exc:
         _fail(str(exc))
     signal.signal(signal.SIGTERM, lambda *_: r.stop_event.set())

@@ -119,6 +119,7 @@ class Runner:
                     self._slots.release()
         finally:
             self._drain()
+            log.info("%s (stopped)", self.progress.line())
             c.close()
             self.claims.close()
             health.beat(self.settings.data_dir, ROLE, stopped=True, **self.stats)

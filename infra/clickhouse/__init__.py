@@ -219,11 +219,11 @@ class QueryError(RuntimeError):
     """A query the engine refused or stopped (syntax, readonly, a limit); the message says why."""
 
 
-def query(dsn: str, sql: str, timeout: float = 60.0, may_open: bool = True,
+def query(dsn: str, sql: str, timeout: float = 60.0, may_open: bool = True, wait_s: float | None = None,
           limits: QueryLimits | None = None) -> QueryResult:
     """Run a person's read-only query from any process: through the chDB owner's API when one runs, else (only
     with ``may_open``, and only when the directory holds data) on a read-only session opened here."""
-    with reader(dsn, timeout, may_open, limits=limits) as run:
+    with reader(dsn, timeout, may_open, wait_s=wait_s, limits=limits) as run:
         return run(sql)
 
 
