@@ -98,8 +98,10 @@ def build_app(settings: Settings) -> web.Application:
         if not isinstance(query, str) or not query.strip():
             return _error(400, "a non-empty SQL string is required", "query")
         try:
-            res = await asyncio.to_thread(clickhouse.query, settings.resolved_clickhouse_dsn, query)
-        except Exception as exc:  # the query's own error, for the caller
+            res = await asyncio.to_thread(clickhouse.user_sql, settings.resolved_clickhouse_dsn, query)
+        except clickhouse.NoOwnerError as exc:  # the sink is (re)starting: try again, not a bad query
+            return _error(503, str(exc))
+        except Exception as exc:  # the query's own error or refusal, for the caller
             return _error(400, str(exc).strip().splitlines()[0][:2000], "query")
         return web.json_response(res.to_json(), dumps=lambda o: json.dumps(o, default=str))
 

@@ -245,7 +245,7 @@ class Runner:
         with self._stats_lock:
             self.stats[outcome] += 1
             self.stats["spans"] += ctx.spans_emitted
-        self.progress.record(outcome, reward, resources_id)
+        self.progress.record(outcome, reward if reward is not None else ctx.last_reward, resources_id)
 
     def _beat_attempt(self, ctx: AttemptContext, stop: threading.Event) -> None:
         while not stop.wait(self.heartbeat_s):

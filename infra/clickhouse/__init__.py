@@ -27,7 +27,7 @@ from ..health import pid_alive
 from .guard import QueryLimits, UnsafeQueryError, check_read_only, explain_error
 
 __all__ = ["ChdbLockedError", "ClickHouse", "NoOwnerError", "QueryError", "QueryLimits", "QueryResult",
-           "UnsafeQueryError", "check_read_only", "query", "reader"]
+           "UnsafeQueryError", "check_read_only", "query", "reader", "user_sql"]
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 OWNER_FILE = "litstream.owner.json"
@@ -225,6 +225,12 @@ def query(dsn: str, sql: str, timeout: float = 60.0, may_open: bool = True, wait
     with ``may_open``, and only when the directory holds data) on a read-only session opened here."""
     with reader(dsn, timeout, may_open, wait_s=wait_s, limits=limits) as run:
         return run(sql)
+
+
+def user_sql(dsn: str, sql: str, timeout: float = 60.0, wait_s: float = 10.0) -> QueryResult:
+    """A person's SQL from a service (the gateway's ``POST /v1/sql``): checked (:class:`UnsafeQueryError`), then
+    run by the owner of a chDB directory, never by opening it here (:class:`NoOwnerError` while none serves)."""
+    return query(dsn, check_read_only(sql), timeout, may_open=False, wait_s=wait_s)
 
 
 @contextmanager
