@@ -172,16 +172,18 @@ def child_specs(settings: Settings, runners: bool, with_gateway: bool, train: bo
 @click.option("--train/--no-train", default=False,
               help="Also run the triplet processor and the GRPO trainer (tiny policy); with --runners, the runner "
                    "runs the policy agent.")
-def up(runners: bool, with_gateway: bool, train: bool) -> None:
+@click.option("--max-restarts", default=5, show_default=True, type=click.IntRange(min=0),
+              help="Crashes of one child within 2 minutes that are restarted; one more stops the stack.")
+def up(runners: bool, with_gateway: bool, train: bool, max_restarts: int) -> None:
     """Run the embedded broker and every processor in the foreground; Ctrl-C stops them all.
 
     A child that crashes is restarted with backoff; one that keeps failing stops the stack, and `up` exits 1
     naming it with the last lines of its log (all logs are in <data dir>/logs). One stack per data dir.
     """
-    from .stack import ChildFailedError, Stack, StackLockedError
+    from .stack import ChildFailedError, RestartPolicy, Stack, StackLockedError
 
     settings = Settings()
-    stack = Stack(settings, echo=sys.stdout)
+    stack = Stack(settings, echo=sys.stdout, policy=RestartPolicy(max_restarts=max_restarts))
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     code = 0
     try:

@@ -284,3 +284,8 @@ def test_owner_without_api_gives_a_clear_error(tmp_path: Path, monkeypatch: pyte
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_an_empty_result_keeps_its_columns(ch: ClickHouse) -> None:
+    res = ch.user_query("SELECT SpanName, count() AS n FROM spans FINAL GROUP BY SpanName")
+    assert res.columns == ["SpanName", "n"] and res.rows == []

@@ -166,3 +166,27 @@ def test_a_newcomers_session(session: Session) -> None:
     assert s.up.wait(90) == 0
     assert "stopping" in s.output() and not (s.data / "stack.json").exists()
     assert not any(pid_alive(int(pid)) for pid in children if pid)
+
+
+def test_a_child_that_keeps_failing_stops_up_with_exit_1_naming_it(tmp_path: Path) -> None:
+    """The sink dies after every insert (a failpoint), so its restart dies too: `up` gives up, says which child
+    and shows its log's last lines, stops the rest, and exits 1 (it used to exit 0)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LITSTREAM_")}
+    env.update({"LITSTREAM_DATA_DIR": str(tmp_path / "data"), "LITSTREAM_LOCAL_SESSION_TIMEOUT_MS": "3000",
+                "LITSTREAM_FAILPOINTS": "span-sink.after-insert", "OMP_NUM_THREADS": "1"})
+    up = subprocess.Popen([sys.executable, "-m", "litstream.app.cli", "up", "--no-gateway", "--max-restarts", "1"],
+                          cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        until("the stack file", lambda: (tmp_path / "data" / "stack.json").exists() or up.poll() is not None,
+              timeout=60)
+        enq = subprocess.run([sys.executable, "-m", "litstream.app.cli", "enqueue", "{}"], capture_output=True,
+                             text=True, timeout=60, cwd=tmp_path, env=env)
+        assert enq.returncode == 0, enq.stderr
+        _, err = up.communicate(timeout=180)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == 1
+    assert "span-sink kept failing (2 crashes, last exit code 137)" in err
+    assert "failpoint span-sink.after-insert hit 1" in err  # the last lines of its log
+    assert not (tmp_path / "data" / "stack.json").exists()

@@ -177,14 +177,18 @@ class ClickHouse:
         ``readonly=1`` and the limits; an engine error comes back as :class:`QueryError` saying what to do."""
         statement = check_read_only(sql)
         client = self._reader()
+        settings = None if self.path is not None else self.limits.settings()
         try:
-            res = client.query(statement) if self.path is not None else \
-                client.query(statement, settings=self.limits.settings())
+            out = _result(client.query(statement, settings=settings))
+            if not out.columns and statement.lstrip("( \n\t").upper().startswith(("SELECT", "WITH")):
+                # No rows: chDB sends no block, so no column names either; ask for them (a CSV keeps its header).
+                described = client.query(f"DESCRIBE ({statement})", settings=settings).result_rows
+                out = QueryResult([str(r[0]) for r in described], [str(r[1]) for r in described], [])
         except Exception as exc:  # noqa: BLE001 (the engine's refusal, said plainly)
             raise QueryError(explain_error(str(exc), self.limits)) from None
         finally:
             self._readers.put(client)
-        return _result(res)
+        return out
 
     def _reader(self) -> Client:
         try:
