@@ -230,7 +230,10 @@ class Stack:
         return create_topics(self.settings)
 
     def start(self, name: str, *args: str) -> RoleProcess:
+        """Start a child; a child of the same name that ran before is stopped (if still alive) and replaced."""
         self.acquire()
+        if name in self.children:
+            self.children[name].proc.stop()
         proc = RoleProcess(name, list(args), settings_env(self.settings), self.log_dir / f"{name}.log", self.echo)
         self.children[name] = _Child(proc)
         return proc
