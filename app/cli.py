@@ -231,9 +231,15 @@ def status() -> None:
     from litstream.infra import health
     from litstream.infra.kafka import missing_topics, wait_for_broker
 
+    from .stack import running_stack
+
     settings = load_settings()
     table = _table("part", "state", "detail", title="litstream status")
     ok = True
+    stack = running_stack(settings.data_dir)
+    if stack is not None:
+        table.add_row("stack", "[green]up[/]", f"`litstream up` pid {stack['pid']}"
+                      + (f", gateway {stack['gateway_url']}" if stack.get("gateway_url") else ""))
     try:
         wait_for_broker(settings, timeout=3.0)
         table.add_row("broker", "[green]up[/]", settings.bootstrap_servers)

@@ -141,8 +141,10 @@ def dead_letter_topics(settings: Settings, which: str | None) -> list[str]:
 
 
 def _decode(value: bytes | None, decode: Callable[[bytes | None], Any]) -> str:
+    """The event as ``TypeName {json}``, or what made it undecodable and its first bytes."""
     try:
-        return decode(value).model_dump_json()  # type: ignore[no-any-return]
+        event = decode(value)
+        return f"{type(event).__name__} {event.model_dump_json()}"
     except (DecodeError, ValueError, TypeError, AttributeError) as exc:
         raw = (value or b"")[:300]
         return f"(undecodable: {exc}) {raw!r}"
