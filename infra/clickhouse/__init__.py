@@ -31,6 +31,7 @@ __all__ = ["ChdbLockedError", "ClickHouse", "NoOwnerError", "QueryError", "Query
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 OWNER_FILE = "litstream.owner.json"
+MAX_READERS = 4  # user queries at once per owner (each on a reader session of its own)
 SPAN_TTL_DAYS = 180
 
 
@@ -191,10 +192,18 @@ class ClickHouse:
         return out
 
     def _reader(self) -> Client:
+        """A free reader session; a new one while there are fewer than MAX_READERS, else wait for one."""
         try:
             return self._readers.get_nowait()
         except queue.Empty:
             pass
+        with self.lock:
+            full = len(self._all_readers) >= MAX_READERS
+        if full:  # each query ends within its time limit, so a reader frees up
+            try:
+                return self._readers.get(timeout=self.limits.max_seconds + 30)
+            except queue.Empty:
+                raise QueryError(f"{MAX_READERS} queries are running; try again when one has finished") from None
         if self.path is None:  # a server: settings ride with each query
             client = clickhouse_connect.get_client(dsn=self.dsn)
         else:  # chDB: one more handle on the engine, its session read-only for good
