@@ -20,7 +20,7 @@ from rich.markup import escape
 
 from litstream.infra.settings import Settings, UnknownSettingError
 
-from .inspect import table as _table
+from .show import table as _table
 
 console = Console()
 err = Console(stderr=True, soft_wrap=True)  # an error is one line, however long
@@ -520,10 +520,10 @@ def rollout() -> None:
 @click.option("--json", "as_json", is_flag=True, help="The snapshot and its spans as one JSON object.")
 def rollout_show(rollout_id: str, as_json: bool) -> None:
     """A rollout's status, attempts, span tree (per attempt) and rewards."""
-    from . import inspect
+    from . import show
 
     try:
-        inspect.check_id(rollout_id)
+        show.check_id(rollout_id)
     except ValueError as exc:
         _fail(str(exc), code=2)
     settings = load_settings()
@@ -533,30 +533,30 @@ def rollout_show(rollout_id: str, as_json: bool) -> None:
     spans, note = None, ""
     try:
         with _ch_reader(settings, wait_s=10.0) as run:
-            spans = run(inspect.SPAN_SQL.format(rid=rollout_id))
+            spans = run(show.SPAN_SQL.format(rid=rollout_id))
     except Exception as exc:  # noqa: BLE001 (the rollout is still worth showing without its spans)
         note = str(exc).strip().splitlines()[0]
     if as_json:
         click.echo(json.dumps({"rollout": snap.model_dump(mode="json"),
                                "spans": spans.to_json() if spans else None}, default=str))
         return
-    inspect.print_rollout(console, snap, spans, note)
+    show.print_rollout(console, snap, spans, note)
 
 
 @main.command()
 @click.argument("rollout_id")
 def cancel(rollout_id: str) -> None:
     """Cancel a rollout that has not finished; its attempts stop counting and it is never offered again."""
-    from . import inspect
+    from . import show
 
     try:
-        inspect.check_id(rollout_id)
+        show.check_id(rollout_id)
     except ValueError as exc:
         _fail(str(exc), code=2)
     settings = load_settings()
     _broker(settings)
     try:
-        status = inspect.cancel_rollout(settings, rollout_id)
+        status = show.cancel_rollout(settings, rollout_id)
     except ValueError as exc:  # refused by the lifecycle processor (unknown, or already finished): its reason
         _fail(f"cannot cancel {rollout_id}: {exc}", code=2)
     except Exception as exc:  # noqa: BLE001 (no lifecycle processor answering, said plainly)
@@ -576,16 +576,16 @@ def dlq() -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per dead letter.")
 def dlq_tail(which: str | None, count: int, as_json: bool) -> None:
     """The newest dead letters: topic, offset, reason headers and the decoded event."""
-    from . import inspect
+    from . import show
 
     settings = load_settings()
     try:
-        topics = inspect.dead_letter_topics(settings, which)
+        topics = show.dead_letter_topics(settings, which)
     except ValueError as exc:
         _fail(str(exc), code=2)
     _broker(settings)
     try:
-        letters = list(inspect.dead_letters(settings, topics))[-count:] if count > 0 else []
+        letters = list(show.dead_letters(settings, topics))[-count:] if count > 0 else []
     except (LookupError, TimeoutError) as exc:
         _fail(str(exc))
     if as_json:

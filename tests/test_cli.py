@@ -147,7 +147,7 @@ def test_cancel_show_and_the_dead_letter_of_a_refused_cancel(processor_running: 
 
 
 def test_rollout_show_draws_the_span_tree_with_rewards() -> None:
-    from litstream.app.inspect import span_trees
+    from litstream.app.show import span_trees
 
     rows = [["at-1", "a", "", "agent.rollout", 0, 5_000_000, "Ok", None, 1],
             ["at-1", "b", "a", "chat", 1_000_000, 2_000_000, "Ok", None, 2],
