@@ -16,3 +16,13 @@ def test_the_line_has_done_rate_mean_reward_and_policy() -> None:
 
 def test_no_reward_yet_is_a_dash() -> None:
     assert "mean reward -, policy -" in Progress().line()
+
+
+def test_an_idle_runner_says_so_less_often() -> None:
+    p = Progress(started=0.0, _last_time=0.0)
+    assert not p.due(3.0, every=5.0)
+    p.record("succeeded", 1.0, None)
+    assert p.due(5.0, every=5.0)
+    p.line(now=5.0)
+    assert not p.due(10.0, every=5.0)  # nothing new: no line at the usual pace
+    assert p.due(65.0, every=5.0)  # but one a minute, so a silent runner is seen alive

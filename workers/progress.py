@@ -30,6 +30,12 @@ class Progress:
                 self.rewards += 1
             self.resources_id = resources_id or self.resources_id
 
+    def due(self, now: float, every: float, idle_every: float = 60.0) -> bool:
+        """Whether a line is due: ``every`` seconds while attempts finish, ``idle_every`` while none do."""
+        with self._lock:
+            since = now - self._last_time
+            return since >= every and (self.done != self._last_done or since >= idle_every)
+
     def line(self, now: float | None = None) -> str:
         """One line; the rate is over the time since the previous line."""
         now = time.monotonic() if now is None else now

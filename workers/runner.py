@@ -76,7 +76,7 @@ class Runner:
                      **{"max.poll.interval.ms": 600_000})
         c.subscribe([self.events.topics.offers])
         gate = Backpressure(c)
-        last_beat, last_line = 0.0, time.monotonic()
+        last_beat = 0.0
         sent = 0
         try:
             while not self.stop_event.is_set():
@@ -85,9 +85,8 @@ class Runner:
                 if time.monotonic() - last_beat > 2.0:
                     health.beat(self.settings.data_dir, ROLE, **self.stats)
                     last_beat = time.monotonic()
-                if time.monotonic() - last_line >= self.progress_s:
+                if self.progress.due(time.monotonic(), self.progress_s):
                     log.info("%s", self.progress.line())
-                    last_line = time.monotonic()
                 limit = self.concurrency if max_rollouts is None else min(self.concurrency, max_rollouts - sent)
                 free = 0
                 while free < limit and self._slots.acquire(blocking=False):
