@@ -20,7 +20,7 @@ from typing import Any
 from confluent_kafka import KafkaError, Message, TopicPartition
 
 from litstream.infra import health, metrics
-from litstream.infra.clickhouse import ClickHouse
+from litstream.infra.clickhouse import ClickHouse, QueryLimits
 from litstream.infra.clickhouse.api import serve_queries
 from litstream.infra.failpoints import failpoint
 from litstream.infra.kafka import Headers, commit_sync, consumer, producer
@@ -42,7 +42,8 @@ class SpanSink:
         self.settings = settings
         self.topics = Topics(settings.topic_prefix)
         self.codec = codec or default_codec(settings.schema_registry_url)
-        self.ch = ch or ClickHouse(settings.resolved_clickhouse_dsn, role=ROLE, serves_api=True)
+        self.ch = ch or ClickHouse(settings.resolved_clickhouse_dsn, role=ROLE, serves_api=True,
+                                  limits=QueryLimits.from_settings(settings))
         self.ch.migrate()
         self.batch_size = batch_size
         self.max_wait_s = max_wait_s

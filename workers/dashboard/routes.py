@@ -93,7 +93,7 @@ class Dashboard:
         return self.render(template, title=title, active=active, **context)
 
     async def sql(self, query: str) -> clickhouse.QueryResult:
-        return await asyncio.to_thread(clickhouse.query, self.settings.resolved_clickhouse_dsn, query)
+        return await asyncio.to_thread(clickhouse.user_sql, self.settings.resolved_clickhouse_dsn, query)
 
     def letters(self) -> DeadLetterFeed:
         """The dead-letter feed, started by the first page view or scrape that needs it."""
