@@ -31,9 +31,9 @@ class ServerOptions:
     public_url: str | None = None  # how runners reach this server; default http://<host>:<port>
     default_max_tokens: int = DEFAULT_MAX_TOKENS
 
-    @property
-    def endpoint(self) -> str:
-        return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/").removesuffix("/v1") + "/v1"
+    def endpoint(self, bound_port: int) -> str:
+        """The ``.../v1`` URL runners are given (the bound port when ``port`` 0 asked for any free one)."""
+        return (self.public_url or f"http://{self.host}:{bound_port}").rstrip("/").removesuffix("/v1") + "/v1"
 
 
 class RunningServer:
@@ -52,8 +52,6 @@ class RunningServer:
         self.port = options.port
 
     async def start(self) -> None:
-        self.follower = VersionFollower(self.settings, self.producer, self.server.backend,
-                                        public_endpoint=self.options.endpoint if self.options.publish else None)
         self._runner = web.AppRunner(build_app(self.server), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.options.host, self.options.port)
@@ -61,6 +59,8 @@ class RunningServer:
         sockets = getattr(site._server, "sockets", None) or []  # the bound port, when 0 asked for any free one
         if sockets:
             self.port = int(sockets[0].getsockname()[1])
+        endpoint = self.options.endpoint(self.port) if self.options.publish else None
+        self.follower = VersionFollower(self.settings, self.producer, self.server.backend, public_endpoint=endpoint)
         self._poller = asyncio.create_task(self._serve_reports(), name="policy-server-reports")
 
     @property
