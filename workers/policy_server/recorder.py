@@ -20,7 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from litstream.infra.producer import EventProducer
-from litstream.schemas.events import AttemptHeartbeat, AttrValue, ResourceRecord, SequenceRequested, SpanRecorded
+from litstream.schemas.events import (
+    AttemptHeartbeat,
+    AttrValue,
+    ResourceRecord,
+    SequenceRequested,
+    SpanRecorded,
+)
 from litstream.schemas.models import FINISHED
 from litstream.schemas.policy import UNATTRIBUTED
 from litstream.streams.views import RolloutsView
