@@ -24,7 +24,7 @@ from litstream.streams.triplet_processor import TripletProcessor
 from litstream.trainer.engines import TorchEngine
 from litstream.workers.agent import litagent
 from litstream.workers.client import enqueue_rollout
-from litstream.workers.policy_server.backends import torch_backend
+from litstream.workers.policy_server.backends import torch_backend, upstream_backend
 from litstream.workers.producer import EventProducer
 from litstream.workers.runner import Runner
 from tests.policy_server_helpers import (
@@ -107,6 +107,23 @@ def test_openai_client_streaming_and_not_records_the_engines_tokens(settings: Se
     completion_span = recorded[text.id].attributes
     assert completion_span["gen_ai.operation.name"] == "text_completion"
     assert completion_span["response_token_ids"] == greedy(reference, backend.text_prompt("1+1="), 6)
+
+
+def test_langchain_chat_openai_and_plain_http_work_unchanged(settings: Settings) -> None:
+    chat_models = pytest.importorskip("langchain_openai")
+    with ServerThread(settings, tiny_backend()) as server:
+        llm = chat_models.ChatOpenAI(base_url=server.base_url, api_key="unused", model="tiny-policy", max_tokens=6,
+                                     temperature=0, max_retries=0)
+        reply = llm.invoke("2+2=")
+        streamed = "".join(str(chunk.content) for chunk in llm.stream("2+2="))
+        status, body = post(server.base_url + "/chat/completions", json.dumps(
+            {"model": "tiny-policy", "messages": [{"role": "user", "content": "2+2="}], "max_tokens": 6,
+             "temperature": 0}).encode())
+        recorded = by_response_id(settings, 3)
+    assert status == 200 and body["object"] == "chat.completion"
+    assert reply.content == streamed == body["choices"][0]["message"]["content"]  # greedy: the same answer
+    assert reply.response_metadata["token_usage"]["completion_tokens"] == body["usage"]["completion_tokens"]
+    assert recorded[body["id"]].attributes["gen_ai.completion.0.content"] == reply.content
 
 
 def test_errors_come_back_in_openai_format(settings: Settings) -> None:
@@ -202,6 +219,29 @@ def test_a_version_switch_fails_no_call_and_each_span_names_its_version(settings
         assert span.attributes["litstream.policy.version"] == version
         assert span.attributes["response_token_ids"] == greedy(engines[version], prompt, 40)
     assert recorded[first.id].attributes["litstream.policy.version"] == 0
+
+
+def test_forwarding_to_an_openai_compatible_upstream_keeps_its_token_ids(settings: Settings, tmp_path: Path) -> None:
+    """The upstream backend asks for token ids and log-probs the way vLLM is asked; here the upstream is another
+    policy server on the torch engine (vLLM itself needs its own virtualenv, see test_engines.py)."""
+    v0 = tiny_checkpoint(tmp_path, 0, seed=0)
+    with ServerThread(settings, torch_backend(TorchEngine.from_checkpoint(v0), "tiny-policy")) as upstream:
+        front = upstream_backend(upstream.base_url, "tiny-policy", v0, model_name="front")
+        with ServerThread(settings, front) as server:
+            answer = client(server).chat.completions.create(model="front", messages=MESSAGES, temperature=0,
+                                                            max_tokens=10)
+            streamed = list(client(server).chat.completions.create(model="front", messages=MESSAGES,
+                                                                    temperature=0, max_tokens=10, stream=True))
+            recorded = by_response_id(settings, 4)  # two calls, each recorded by both servers
+            publish_policy(settings, 1, v0)
+            until("the upstream's new version recorded", lambda: front.version == 1)
+    prompt = front.chat_prompt([(m["role"], m["content"]) for m in MESSAGES])
+    expected = greedy(TorchEngine.from_checkpoint(v0), prompt, 10)
+    assert answer.model == "front" and answer.system_fingerprint == "policy-v0"
+    span = recorded[answer.id].attributes
+    assert span["prompt_token_ids"] == prompt and span["response_token_ids"] == expected
+    assert len(span["response_logprobs"]) == len(expected)  # type: ignore[arg-type]
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == answer.choices[0].message.content
 
 
 @litagent
