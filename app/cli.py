@@ -373,8 +373,9 @@ def gateway(host: str | None, port: int | None) -> None:
               help="Republish each policy version as a ProxyLLM at this server, so runners give agents a "
                    "per-attempt URL. Leave off while in-process agents (toy_policy_agent) run.")
 @click.option("--public-url", default=None, help="How runners reach this server (default http://HOST:PORT).")
-@click.option("--batch-window-ms", default=5.0, show_default=True,
-              help="Torch engine: how long the first call waits for others to share its batch.")
+@click.option("--batch-window-ms", default=0.0, show_default=True,
+              help="Torch engine: how long the first call of an idle engine waits for others to share its batch "
+                   "(calls arriving while it samples are batched anyway).")
 @click.option("--max-tokens", "max_tokens", default=256, show_default=True,
               help="max_tokens when a request gives none (capped by the model's context).")
 def policy_server(host: str | None, port: int | None, checkpoint: str | None, model: str | None,

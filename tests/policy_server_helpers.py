@@ -61,7 +61,7 @@ def tiny_engine(seed: int = 0, version: int = 0) -> TorchEngine:
 
 
 def tiny_backend(seed: int = 0) -> Backend:
-    return torch_backend(tiny_engine(seed), "tiny-policy", batch_window_s=0.005)
+    return torch_backend(tiny_engine(seed), "tiny-policy")
 
 
 def tiny_checkpoint(root: Path, version: int, seed: int) -> Path:

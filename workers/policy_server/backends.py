@@ -107,11 +107,13 @@ class _Pending:
 class EngineBackend:
     """A backend over an ``InferenceEngine`` and its tokenizer.
 
-    ``batch_window_s`` > 0 (the torch engine): calls arriving within the window of the first one are sampled as
-    one batch (up to ``max_batch`` sequences). Every engine operation runs on one thread, in arrival order."""
+    ``batch_window_s`` not None (the torch engine): calls are sampled in batches of up to ``max_batch``
+    sequences. Calls that arrive while the engine samples wait and form the next batch; with a window > 0, the
+    first call of an idle engine also waits that long for company. Every engine operation runs on one thread, in
+    arrival order."""
 
     def __init__(self, engine: InferenceEngine, tokenizer: Tokenizer, model_name: str, *,
-                 batch_window_s: float = 0.0, max_batch: int = 32, threads: int = 1,
+                 batch_window_s: float | None = None, max_batch: int = 32, threads: int = 1,
                  max_positions: int | None = None) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -168,7 +170,7 @@ class EngineBackend:
     async def generate(self, prompt: list[int], n: int, sampling: Sampling) -> Answer:
         self.check_length(prompt, sampling.max_new_tokens)
         self.stats["calls"] += 1
-        if self.batch_window_s <= 0 or sampling.batch_key is None:
+        if self.batch_window_s is None or sampling.batch_key is None:
             gens, version = await self._run([prompt] * n, sampling)
             return Answer([self._finish(g, sampling) for g in gens], version)
         if self._queue is None:
@@ -196,7 +198,7 @@ class EngineBackend:
         while True:
             first = await self._queue.get()
             batch = [first]
-            deadline = first.queued_at + self.batch_window_s
+            deadline = first.queued_at + (self.batch_window_s or 0.0)
             size = len(first.prompts)
             while size < self.max_batch:
                 left = deadline - time.perf_counter()
@@ -262,7 +264,7 @@ def _groups(batch: list[_Pending]) -> list[list[_Pending]]:
 # --- building one --------------------------------------------------------------------------------------------
 
 
-def torch_backend(engine: TorchEngine, model_name: str, batch_window_s: float = 0.005,
+def torch_backend(engine: TorchEngine, model_name: str, batch_window_s: float = 0.0,
                   max_batch: int = 32) -> EngineBackend:
     positions = getattr(getattr(engine.model, "config", None), "max_position_embeddings", None)
     return EngineBackend(engine, engine.tokenizer, model_name, batch_window_s=batch_window_s, max_batch=max_batch,
@@ -280,7 +282,7 @@ def upstream_backend(base_url: str, upstream_model: str, tokenizer_dir: str | Pa
 
 def build_backend(*, checkpoint: str | Path | None = None, model: str | None = None, upstream: str | None = None,
                   upstream_model: str | None = None, tokenizer: str | Path | None = None,
-                  name: str | None = None, batch_window_s: float = 0.005) -> EngineBackend:
+                  name: str | None = None, batch_window_s: float = 0.0) -> EngineBackend:
     """The backend the command line names: a checkpoint directory, a fresh ``tiny`` / ``smollm2`` policy, or an
     upstream URL (with its model name and a tokenizer directory)."""
     if upstream:

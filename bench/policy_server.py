@@ -1,0 +1,203 @@
+"""policy_server: what the OpenAI-compatible policy endpoint adds to a call, and what it serves under load.
+
+* per call: the tiny policy on the torch engine (CPU), one prompt, greedy, ``max_tokens`` new tokens —
+  ``TorchEngine.generate`` called directly, against the same call through ``POST /v1/completions`` (token-id
+  prompt, a keep-alive HTTP connection, the span produced to an embedded broker before the answer). The overhead
+  is the difference of the medians (and of the 90th percentiles);
+* the same through ``POST /v1/chat/completions`` (chat template, messages in the span);
+* tokens/s with 1 and 16 concurrent clients (sampling at temperature 1), and for 16 clients once more with a
+  5 ms batching window; the engine's own rate for one sequence and for a batch of 16 as the ceiling.
+
+Calls go to plain ``/v1`` (recorded with no rollout): a per-attempt call also waits for its span's sequence id
+from the lifecycle processor when the answer is faster than that round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from litstream.infra.broker import EmbeddedBroker
+from litstream.infra.kafka import create_topics
+from litstream.infra.settings import Settings
+from litstream.trainer.engines import TorchEngine
+from litstream.trainer.policy import build_policy
+from litstream.workers.policy_server.backends import EngineBackend, torch_backend
+from litstream.workers.policy_server.service import RunningServer, ServerOptions
+
+from .harness import Context, Report, Row
+
+TITLE = "policy server: overhead per call against the engine directly, tokens/s with 1 and 16 clients"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    calls: int  # timed calls per path
+    max_tokens: int
+    load_calls: int  # calls per client in the throughput runs
+    load_tokens: int
+
+
+FULL = Sizes(calls=200, max_tokens=16, load_calls=24, load_tokens=32)
+QUICK = Sizes(calls=20, max_tokens=8, load_calls=4, load_tokens=16)
+
+
+class _Served:
+    """The server on its own event loop thread, as ``litstream policy-server`` runs it."""
+
+    def __init__(self, settings: Settings, backend: EngineBackend) -> None:
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        self.running = RunningServer(settings, backend, ServerOptions(port=0))
+        asyncio.run_coroutine_threadsafe(self.running.start(), self.loop).result(60)
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.running.stop(), self.loop).result(60)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def _post(conn: http.client.HTTPConnection, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    data = json.loads(resp.read())
+    if resp.status != 200:
+        raise RuntimeError(f"{path}: HTTP {resp.status}: {data}")
+    return data  # type: ignore[no-any-return]
+
+
+def _latencies(fn: Any, n: int) -> list[float]:
+    fn()  # warm-up
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _p(samples: list[float], q: float) -> float:
+    return statistics.quantiles(samples, n=100)[int(q) - 1] if len(samples) > 1 else samples[0]
+
+
+def _latency_row(what: str, samples: list[float], base: list[float] | None) -> Row:
+    p50, p90 = statistics.median(samples) * 1e3, _p(samples, 90) * 1e3
+    note = f"p50 {p50:.2f} ms, p90 {p90:.2f} ms"
+    if base is not None:
+        note += f"; engine alone p50 {statistics.median(base) * 1e3:.2f} ms"
+    return Row(what, len(samples) / sum(samples), None, len(samples), note + " (calls/s)", samples)
+
+
+def _load(port: int, clients: int, calls: int, max_tokens: int) -> tuple[float, int]:
+    """(wall seconds, tokens generated) for ``clients`` threads each making ``calls`` chat calls."""
+    body = {"model": "tiny-policy", "messages": [{"role": "user", "content": "Count: 1 2 3"}],
+            "max_tokens": max_tokens, "temperature": 1.0}
+
+    def client() -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+        try:
+            return sum(int(_post(conn, "/v1/chat/completions", body)["usage"]["completion_tokens"])
+                       for _ in range(calls))
+        finally:
+            conn.close()
+
+    with ThreadPoolExecutor(clients) as pool:
+        t0 = time.perf_counter()
+        tokens = sum(pool.map(lambda _: client(), range(clients)))
+        return time.perf_counter() - t0, tokens
+
+
+def _paired(direct: Any, served: Any, n: int) -> tuple[list[float], list[float]]:
+    """Each served call right after a direct one, so both see the same load from the machine's neighbours."""
+    direct(), served()  # warm-up
+    a, b = [], []
+    for _ in range(n):
+        for fn, out in ((direct, a), (served, b)):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+    return a, b
+
+
+def _per_call(sizes: Sizes, engine: TorchEngine, port: int, prompt: list[int],
+              chat_prompt: list[int]) -> tuple[list[Row], dict[str, Any]]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    completion = {"model": "tiny-policy", "prompt": prompt, "max_tokens": sizes.max_tokens, "temperature": 0}
+    direct, served = _paired(lambda: engine.generate([prompt], sizes.max_tokens, temperature=0.0),
+                             lambda: _post(conn, "/v1/completions", completion), sizes.calls)
+    chat = {"model": "tiny-policy", "messages": [{"role": "user", "content": "Count: 1 2 3"}],
+            "max_tokens": sizes.max_tokens, "temperature": 0}
+    chat_direct, chatted = _paired(lambda: engine.generate([chat_prompt], sizes.max_tokens, temperature=0.0),
+                                   lambda: _post(conn, "/v1/chat/completions", chat), sizes.calls)
+    conn.close()
+    diffs = [s - d for s, d in zip(served, direct)]
+    chat_diffs = [s - d for s, d in zip(chatted, chat_direct)]
+    rows = [_latency_row(f"engine.generate directly ({sizes.max_tokens} tokens)", direct, None),
+            _latency_row("POST /v1/completions (token-id prompt)", served, direct),
+            _latency_row("POST /v1/chat/completions", chatted, chat_direct)]
+    overhead = {"overhead_p50_ms": statistics.median(diffs) * 1e3, "overhead_p90_ms": _p(diffs, 90) * 1e3,
+                "chat_overhead_p50_ms": statistics.median(chat_diffs) * 1e3,
+                "chat_overhead_p90_ms": _p(chat_diffs, 90) * 1e3}
+    rows.append(Row("overhead per call (served - direct, paired)", None, None, len(diffs),
+                    f"completions p50 {overhead['overhead_p50_ms']:.2f} ms, p90 {overhead['overhead_p90_ms']:.2f} ms; "
+                    f"chat p50 {overhead['chat_overhead_p50_ms']:.2f} ms, p90 {overhead['chat_overhead_p90_ms']:.2f} ms"))
+    return rows, overhead
+
+
+def _throughput(sizes: Sizes, engine: TorchEngine, backend: EngineBackend, port: int,
+                prompt: list[int]) -> list[Row]:
+    rows = []
+    for batch in (1, 16):
+        runs = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            gens = engine.generate([prompt] * batch, sizes.load_tokens, temperature=1.0)
+            runs.append((time.perf_counter() - t0, sum(len(g.token_ids) for g in gens)))
+        took, tokens = sorted(runs)[1]  # the median run
+        rows.append(Row(f"engine alone, batch of {batch}", tokens / took, None, tokens,
+                        "tokens/s (the ceiling; median of 3)", [r[0] for r in runs]))
+    for clients, window in ((1, 0.0), (16, 0.0), (16, 0.005)):
+        backend.batch_window_s = window
+        before = dict(backend.stats)
+        took, tokens = _load(port, clients, sizes.load_calls, sizes.load_tokens)
+        batches = backend.stats["batches"] - before["batches"]
+        seqs = backend.stats["sequences"] - before["sequences"]
+        label = f"{clients} client{'s' if clients > 1 else ''}" + (f", {window * 1e3:.0f} ms window" if window else "")
+        rows.append(Row(f"server, {label}", tokens / took, None, tokens,
+                        f"tokens/s; {seqs / max(batches, 1):.1f} sequences per batch", [took]))
+    backend.batch_window_s = 0.0
+    return rows
+
+
+def run(ctx: Context) -> Report:
+    sizes = QUICK if ctx.quick else FULL
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker(log_path=Path(tmp) / "broker.log") as broker:
+        settings = Settings(bootstrap_servers=broker.bootstrap, topic_prefix=f"bench-ps-{uuid.uuid4().hex[:8]}",
+                            data_dir=Path(tmp) / "data")
+        create_topics(settings)
+        policy = build_policy("tiny", seed=0)
+        engine = TorchEngine(policy.model, policy.tokenizer, 0)
+        served_engine = TorchEngine(build_policy("tiny", seed=0).model, policy.tokenizer, 0)
+        backend = torch_backend(served_engine, "tiny-policy")
+        prompt = backend.text_prompt("The policy says: ")
+        ctx.step("starting the server on the embedded broker")
+        server = _Served(settings, backend)
+        try:
+            ctx.step(f"{sizes.calls} calls each: engine directly, /v1/completions, /v1/chat/completions")
+            chat_prompt = backend.chat_prompt([("user", "Count: 1 2 3")])
+            rows, overhead = _per_call(sizes, engine, server.running.port, prompt, chat_prompt)
+            ctx.step("throughput: 1 and 16 clients")
+            rows += _throughput(sizes, engine, backend, server.running.port, prompt)
+        finally:
+            server.stop()
+    return Report(rows, {**asdict(sizes), **overhead, "model": "tiny (Llama, ~0.5M parameters, byte tokenizer)",
+                         "spans_recorded": server.running.recorder.stats["spans"]})
