@@ -199,7 +199,8 @@ def _redact(dsn: str) -> str:
 
 
 @main.command()
-@click.argument("role", type=click.Choice(["lifecycle", "span-sink", "triplets", "trainer", "gateway", "runner"]))
+@click.argument("role", type=click.Choice(["lifecycle", "span-sink", "triplets", "trainer", "gateway", "runner",
+                                          "policy-server"]))
 def healthcheck(role: str) -> None:
     """Exit 0 if ROLE's process in this container/directory reported itself alive recently."""
     from litstream.infra import health
