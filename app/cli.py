@@ -359,7 +359,8 @@ def gateway(host: str | None, port: int | None) -> None:
 
 @main.command("policy-server")
 @click.option("--host", default=None, help="Bind address (default LITSTREAM_POLICY_SERVER_HOST, 127.0.0.1).")
-@click.option("--port", default=None, type=int, help="Port (default LITSTREAM_POLICY_SERVER_PORT, 8090).")
+@click.option("--port", default=None, type=int,
+              help="Port (default LITSTREAM_POLICY_SERVER_PORT, 8090; 0: any free port).")
 @click.option("--checkpoint", type=click.Path(exists=True, file_okay=False), default=None,
               help="Serve this checkpoint directory on the torch engine (CPU).")
 @click.option("--model", type=click.Choice(["tiny", "smollm2"]), default=None,
@@ -404,7 +405,8 @@ def policy_server(host: str | None, port: int | None, checkpoint: str | None, mo
                                 tokenizer=tokenizer, name=name, batch_window_s=batch_window_ms / 1000)
     except (ValueError, ImportError, FileNotFoundError) as exc:
         _fail(str(exc))
-    options = ServerOptions(host=host or settings.policy_server_host, port=port or settings.policy_server_port,
+    options = ServerOptions(host=host or settings.policy_server_host,
+                            port=port if port is not None else settings.policy_server_port,
                             publish=publish, public_url=public_url, default_max_tokens=max_tokens)
     try:
         run(settings, backend, options)

@@ -12,7 +12,7 @@ import pytest
 
 COMMANDS = [[], ["demo"], ["up"], ["status"], ["topics"], ["topics", "create"], ["process", "lifecycle"],
             ["process", "span-sink"], ["process", "triplets"], ["process", "trainer"], ["runner"], ["gateway"],
-            ["rollouts"], ["sql"], ["report"], ["replay"], ["enqueue"], ["healthcheck"]]
+            ["rollouts"], ["sql"], ["report"], ["replay"], ["enqueue"], ["healthcheck"], ["policy-server"]]
 
 
 def run(*args: str, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -15,7 +15,8 @@ from typing import Any
 import openai
 import pytest
 
-from litstream.infra import clickhouse
+from litstream.app.stack import Stack
+from litstream.infra import clickhouse, health
 from litstream.infra.settings import Settings
 from litstream.schemas.events import SpanRecorded
 from litstream.schemas.policy import UNATTRIBUTED
@@ -107,6 +108,18 @@ def test_openai_client_streaming_and_not_records_the_engines_tokens(settings: Se
     completion_span = recorded[text.id].attributes
     assert completion_span["gen_ai.operation.name"] == "text_completion"
     assert completion_span["response_token_ids"] == greedy(reference, backend.text_prompt("1+1="), 6)
+
+
+def test_litstream_policy_server_runs_as_a_process_of_the_stack(settings: Settings) -> None:
+    with Stack(settings) as stack:
+        stack.start("policy-server", "policy-server", "--model", "tiny", "--port", "0")
+        stack.wait_ready("policy-server", "policy-server", timeout=120, key="url")
+        info = health.read(settings.data_dir, "policy-server")
+        assert info is not None
+        answer = openai.OpenAI(base_url=info["url"], api_key="unused", max_retries=0).chat.completions.create(
+            model="tiny-policy", messages=MESSAGES, max_tokens=4)
+        assert answer.model == "tiny-policy" and answer.usage is not None and answer.usage.completion_tokens > 0
+        assert until("its span", lambda: [s for s in spans(settings) if s.attributes["gen_ai.response.id"] == answer.id])
 
 
 def test_langchain_chat_openai_and_plain_http_work_unchanged(settings: Settings) -> None:
