@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import os
 import statistics
 import tempfile
 import threading
@@ -208,6 +209,7 @@ def _throughput(sizes: Sizes, engine: TorchEngine, backend: EngineBackend, port:
 
 def run(ctx: Context) -> Report:
     sizes = QUICK if ctx.quick else FULL
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker(log_path=Path(tmp) / "broker.log") as broker:
         settings = Settings(bootstrap_servers=broker.bootstrap, topic_prefix=f"bench-ps-{uuid.uuid4().hex[:8]}",
                             data_dir=Path(tmp) / "data")
@@ -229,4 +231,5 @@ def run(ctx: Context) -> Report:
         finally:
             server.stop()
     return Report(rows, {**asdict(sizes), **overhead, "model": "tiny (Llama, ~0.5M parameters, byte tokenizer)",
-                         "spans_recorded": server.running.recorder.stats["spans"]})
+                         "spans_recorded": server.running.recorder.stats["spans"],
+                         "load_average_1m": [load_before, os.getloadavg()[0]]})
