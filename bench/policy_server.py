@@ -120,7 +120,8 @@ def _load(port: int, clients: int, calls: int, max_tokens: int) -> tuple[float, 
 def _paired(direct: Any, served: Any, n: int) -> tuple[list[float], list[float]]:
     """Each served call right after a direct one, so both see the same load from the machine's neighbours."""
     direct(), served()  # warm-up
-    a, b = [], []
+    a: list[float] = []
+    b: list[float] = []
     for _ in range(n):
         for fn, out in ((direct, a), (served, b)):
             t0 = time.perf_counter()

@@ -66,7 +66,7 @@ class PolicyServer:
         req = await _parse(request, ChatCompletionRequest if kind == "chat" else CompletionRequest)
         scope = await self.scope_of(request)
         if isinstance(req, ChatCompletionRequest):
-            messages = [(m.role, m.text()) for m in req.messages]
+            messages = [(str(m.role), m.text()) for m in req.messages]
             prompt = self.backend.chat_prompt(messages)
         else:
             assert isinstance(req, CompletionRequest)

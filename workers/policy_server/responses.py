@@ -111,7 +111,10 @@ def stream_chunks(call: Call, decode: Any, include_usage: bool) -> Iterator[dict
         for j, piece in enumerate(text_deltas(gen, decode)):
             yield {**head, "choices": [_token_choice(call, gen, i, j, piece, decode)], **usage}
         last: dict[str, Any] = {"index": i, "finish_reason": gen.finish_reason, "logprobs": None}
-        last.update({"delta": {}} if call.kind == "chat" else {"text": ""})
+        if call.kind == "chat":
+            last["delta"] = {}
+        else:
+            last["text"] = ""
         yield {**head, "choices": [last], **usage}
     if include_usage:
         yield {**head, "choices": [], "usage": call.usage()}

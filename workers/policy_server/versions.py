@@ -59,9 +59,10 @@ def policy_llm(update: ResourcesUpdate) -> LLM | None:
     return next((r for r in res.values() if isinstance(r, LLM) and r.version is not None), None)
 
 
-def proxied(update: ResourcesUpdate, endpoint: str) -> bool:
-    return any(isinstance(r, ProxyLLM) and r.endpoint.rstrip("/") == endpoint.rstrip("/")
-               for r in update.resources.values())
+def proxied(update: ResourcesUpdate) -> bool:
+    """Whether a server (this one or another) already fronts this publication: then it is left as it is, so two
+    publishing servers never take turns republishing it."""
+    return any(isinstance(r, ProxyLLM) for r in update.resources.values())
 
 
 class VersionFollower:
@@ -78,7 +79,11 @@ class VersionFollower:
         self.switches: list[tuple[int, float]] = []  # (version, seconds the switch took)
         self.published: list[str] = []
         self._serving: tuple[int, str | None] | None = None  # the (version, checkpoint) last switched to
-        self.view = _Feed(settings, producer.codec, lambda: self._loop.call_soon_threadsafe(self._wake.set))
+        self.view = _Feed(settings, producer.codec, self._changed)
+
+    def _changed(self) -> None:
+        """From the view's thread: wake the follower task."""
+        self._loop.call_soon_threadsafe(self._wake.set)
 
     async def _follow(self) -> None:
         while True:
@@ -106,7 +111,7 @@ class VersionFollower:
             self._serving = (llm.version, llm.checkpoint)
             self.switches.append((llm.version, time.perf_counter() - t0))
             log.info("serving policy version %d (%s)", llm.version, update.resources_id)
-        if self.public_endpoint and not proxied(update, self.public_endpoint):
+        if self.public_endpoint and not proxied(update):
             self._publish(update, llm)
 
     def _publish(self, update: ResourcesUpdate, llm: LLM) -> None:
