@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -32,8 +33,10 @@ class ServerOptions:
     default_max_tokens: int = DEFAULT_MAX_TOKENS
 
     def endpoint(self, bound_port: int) -> str:
-        """The ``.../v1`` URL runners are given (the bound port when ``port`` 0 asked for any free one)."""
-        return (self.public_url or f"http://{self.host}:{bound_port}").rstrip("/").removesuffix("/v1") + "/v1"
+        """The ``.../v1`` URL runners are given (the bound port when ``port`` 0 asked for any free one). A server
+        bound to every interface is named by its host name: 0.0.0.0 reaches nobody from another machine."""
+        host = socket.gethostname() if self.host in ("0.0.0.0", "::", "") else self.host
+        return (self.public_url or f"http://{host}:{bound_port}").rstrip("/").removesuffix("/v1") + "/v1"
 
 
 class RunningServer:
