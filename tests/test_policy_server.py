@@ -110,6 +110,36 @@ def test_openai_client_streaming_and_not_records_the_engines_tokens(settings: Se
     assert completion_span["response_token_ids"] == greedy(reference, backend.text_prompt("1+1="), 6)
 
 
+def test_a_version_published_while_a_call_waits_for_the_engine_applies_after_it(settings: Settings,
+                                                                               tmp_path: Path) -> None:
+    """Deterministic order on the engine's one thread: a held job, then the call, then the switch."""
+    v0, v1 = tiny_checkpoint(tmp_path, 0, seed=0), tiny_checkpoint(tmp_path, 1, seed=1)
+    backend = torch_backend(TorchEngine.from_checkpoint(v0), "tiny-policy")
+    release = threading.Event()
+    with ServerThread(settings, backend) as server:
+        held = backend._pool.submit(release.wait, 120)  # the engine is busy
+        answers: list[Any] = []
+        caller = threading.Thread(target=lambda: answers.append(client(server).chat.completions.create(
+            model="m", messages=MESSAGES, temperature=0, max_tokens=30)))
+        caller.start()
+        until("the call queued on the engine", lambda: backend._pool._work_queue.qsize() == 1)
+        publish_policy(settings, 1, v1)
+        until("the switch queued behind it", lambda: backend._pool._work_queue.qsize() == 2)
+        release.set()
+        held.result(60)
+        caller.join(120)
+        until("version 1 served", lambda: backend.version == 1)
+        after = client(server).chat.completions.create(model="m", messages=MESSAGES, temperature=0, max_tokens=30)
+        recorded = by_response_id(settings, 2)
+    [during] = answers
+    prompt = backend.chat_prompt([(m["role"], m["content"]) for m in MESSAGES])
+    assert during.system_fingerprint == "policy-v0" and after.system_fingerprint == "policy-v1"
+    assert recorded[during.id].attributes["litstream.policy.version"] == 0
+    assert recorded[during.id].attributes["response_token_ids"] == greedy(TorchEngine.from_checkpoint(v0), prompt, 30)
+    assert recorded[after.id].attributes["litstream.policy.version"] == 1
+    assert recorded[after.id].attributes["response_token_ids"] == greedy(TorchEngine.from_checkpoint(v1), prompt, 30)
+
+
 def test_litstream_policy_server_runs_as_a_process_of_the_stack(settings: Settings) -> None:
     with Stack(settings) as stack:
         stack.start("policy-server", "policy-server", "--model", "tiny", "--port", "0")
