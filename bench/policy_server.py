@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -197,13 +198,14 @@ def _throughput(sizes: Sizes, engine: TorchEngine, backend: EngineBackend, port:
                         "tokens/s (the ceiling; median of 3)", [r[0] for r in runs]))
     for clients, window in ((1, 0.0), (16, 0.0), (16, 0.005)):
         backend.batch_window_s = window
-        before = dict(backend.stats)
+        backend.batch_sizes.clear()
         took, tokens = _load(port, clients, sizes.load_calls, sizes.load_tokens)
-        batches = backend.stats["batches"] - before["batches"]
-        seqs = backend.stats["sequences"] - before["sequences"]
+        batches = list(backend.batch_sizes)
         label = f"{clients} client{'s' if clients > 1 else ''}" + (f", {window * 1e3:.0f} ms window" if window else "")
+        common = Counter(batches).most_common(2)
         rows.append(Row(f"server, {label}", tokens / took, None, tokens,
-                        f"tokens/s; {seqs / max(batches, 1):.1f} sequences per batch", [took]))
+                        f"tokens/s; batches: mean {statistics.mean(batches):.1f}, largest {max(batches)}, most "
+                        f"often {', '.join(str(size) for size, _ in common)}", [took]))
     backend.batch_window_s = 0.0
     return rows
 

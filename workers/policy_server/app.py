@@ -103,14 +103,20 @@ class PolicyServer:
                 await resp.write(sse(chunk))
             await resp.write(sse("[DONE]"))
             await resp.write_eof()
-        except (ConnectionResetError, ConnectionError, asyncio.CancelledError) as exc:
-            self.stats["disconnects"] += 1
-            meta.disconnected = f"client disconnected mid-stream ({type(exc).__name__})"
-            log.info("%s: %s", call.response_id, meta.disconnected)
+        except ConnectionError as exc:
+            self._disconnected(meta, exc)
+        except asyncio.CancelledError as exc:  # the server cancels handlers of clients that went away
+            self._disconnected(meta, exc)
+            raise
         finally:
             # The tokens were sampled whatever the client read: the span records them, marked when cut short.
             await asyncio.shield(meta.record())
         return resp
+
+    def _disconnected(self, meta: _Recording, exc: BaseException) -> None:
+        self.stats["disconnects"] += 1
+        meta.disconnected = f"client disconnected mid-stream ({type(exc).__name__})"
+        log.info("%s: %s", meta.call.response_id, meta.disconnected)
 
 
 @dataclass

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -108,9 +109,9 @@ class EngineBackend:
     """A backend over an ``InferenceEngine`` and its tokenizer.
 
     ``batch_window_s`` not None (the torch engine): calls are sampled in batches of up to ``max_batch``
-    sequences. Calls that arrive while the engine samples wait and form the next batch; with a window > 0, the
-    first call of an idle engine also waits that long for company. Every engine operation runs on one thread, in
-    arrival order."""
+    sequences. Calls that arrive while the engine samples wait and form the next batch; with a window > 0, each
+    batch also waits that long after the engine became free (or after its first call arrived) for more calls.
+    Every engine operation runs on one thread, in arrival order."""
 
     def __init__(self, engine: InferenceEngine, tokenizer: Tokenizer, model_name: str, *,
                  batch_window_s: float | None = None, max_batch: int = 32, threads: int = 1,
@@ -124,8 +125,10 @@ class EngineBackend:
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="policy-engine")
         self._queue: asyncio.Queue[_Pending] | None = None
         self._batcher: asyncio.Task[None] | None = None
+        self._engine_free_at = 0.0
         self._recorded_version: int | None = None  # an upstream's version, as published
         self.stats = {"calls": 0, "batches": 0, "sequences": 0, "switches": 0}
+        self.batch_sizes: deque[int] = deque(maxlen=10_000)  # the latest batches' sizes (benchmarks, tuning)
 
     @property
     def version(self) -> int:
@@ -188,6 +191,7 @@ class EngineBackend:
 
         self.stats["batches"] += 1
         self.stats["sequences"] += len(prompts)
+        self.batch_sizes.append(len(prompts))
         return await asyncio.get_running_loop().run_in_executor(self._pool, work)
 
     def _finish(self, gen: Generation, sampling: Sampling) -> Generation:
@@ -198,7 +202,9 @@ class EngineBackend:
         while True:
             first = await self._queue.get()
             batch = [first]
-            deadline = first.queued_at + (self.batch_window_s or 0.0)
+            # The window opens when the engine is free: the callers the last batch just answered get that long
+            # to come back and join this one (without it, a crowd of clients settles into alternating halves).
+            deadline = max(first.queued_at, self._engine_free_at) + (self.batch_window_s or 0.0)
             size = len(first.prompts)
             while size < self.max_batch:
                 left = deadline - time.perf_counter()
@@ -214,6 +220,7 @@ class EngineBackend:
             # Awaited: calls arriving while the engine samples queue up and form the next batch.
             for group in _groups(batch):
                 await self._run_group(group)
+            self._engine_free_at = time.perf_counter()
 
     async def _run_group(self, group: list[_Pending]) -> None:
         prompts = [p for item in group for p in item.prompts]

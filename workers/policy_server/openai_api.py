@@ -85,6 +85,13 @@ class CompletionRequest(_Sampling):
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool = False
 
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("echo is not supported: the answer holds the completion only")
+        return v
+
     @field_validator("prompt")
     @classmethod
     def _one_prompt(cls, v: Any) -> Any:

@@ -115,8 +115,9 @@ class SpanRecorder:
         try:
             snap = await asyncio.wait_for(asyncio.wrap_future(answer), RESERVE_WAIT_S)
         except TimeoutError:
-            self.rollouts.forget(event.meta.event_id)
             snap = None
+        finally:
+            self.rollouts.forget(event.meta.event_id)
         if snap is not None and snap.last_accepted and snap.last_reserved is not None:
             return int(snap.last_reserved)
         # No answer (the lifecycle processor is down or behind): choose ids past the latest snapshot's counter and
