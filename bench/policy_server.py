@@ -5,11 +5,12 @@
   prompt, a keep-alive HTTP connection, the span produced to an embedded broker before the answer). The overhead
   is the difference of the medians (and of the 90th percentiles);
 * the same through ``POST /v1/chat/completions`` (chat template, messages in the span);
+* the same completion under an attempt's path, with the lifecycle processor running: each call's sequence id is
+  reserved through the rollout's partition while the policy samples (the reservation's round trip is shown);
 * tokens/s with 1 and 16 concurrent clients (sampling at temperature 1), and for 16 clients once more with a
   5 ms batching window; the engine's own rate for one sequence and for a batch of 16 as the ceiling.
 
-Calls go to plain ``/v1`` (recorded with no rollout): a per-attempt call also waits for its span's sequence id
-from the lifecycle processor when the answer is faster than that round trip.
+Calls other than the per-attempt ones go to plain ``/v1`` (recorded with no rollout).
 """
 
 from __future__ import annotations
@@ -19,18 +20,13 @@ import http.client
 import json
 import os
 import statistics
-import tempfile
 import threading
 import time
-import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
-from litstream.infra.broker import EmbeddedBroker
-from litstream.infra.kafka import create_topics
 from litstream.infra.settings import Settings
 from litstream.trainer.engines import TorchEngine
 from litstream.trainer.policy import build_policy
@@ -38,6 +34,7 @@ from litstream.workers.policy_server.backends import EngineBackend, torch_backen
 from litstream.workers.policy_server.service import RunningServer, ServerOptions
 
 from .harness import Context, Report, Row
+from .lifecycle import open_store, pipeline
 
 TITLE = "policy server: overhead per call against the engine directly, tokens/s with 1 and 16 clients"
 
@@ -184,6 +181,49 @@ def _per_call(sizes: Sizes, engine: TorchEngine, clock: _EngineClock, port: int,
     return rows, figures
 
 
+async def _started_attempt(settings: Settings) -> tuple[str, str]:
+    store = await open_store(settings)
+    try:
+        rollout = await store.start_rollout({"task": "policy_server bench"})
+        return rollout.rollout_id, rollout.attempt.attempt_id
+    finally:
+        await store.close()
+
+
+class _ReserveClock:
+    """Times the recorder's sequence-id reservations (the lifecycle processor's round trip)."""
+
+    def __init__(self, recorder: Any) -> None:
+        self.samples: list[float] = []
+        inner = recorder.reserve
+
+        async def reserve(*args: Any, **kwargs: Any) -> int:
+            t0 = time.perf_counter()
+            try:
+                return int(await inner(*args, **kwargs))
+            finally:
+                self.samples.append(time.perf_counter() - t0)
+
+        recorder.reserve = reserve
+
+
+def _per_attempt(sizes: Sizes, settings: Settings, clock: _EngineClock, server: _Served,
+                 prompt: list[int]) -> tuple[list[Row], dict[str, Any]]:
+    rid, aid = asyncio.run(_started_attempt(settings))
+    reserves = _ReserveClock(server.running.recorder)
+    conn = http.client.HTTPConnection("127.0.0.1", server.running.port, timeout=300)
+    body = {"model": "tiny-policy", "prompt": prompt, "max_tokens": sizes.max_tokens, "temperature": 0}
+    path = f"/rollout/{rid}/attempt/{aid}/v1/completions"
+    served = _latencies(lambda: _post(conn, path, body), sizes.calls)
+    conn.close()
+    own = _overheads(clock, served)
+    figures = {"attempt_overhead_p50_ms": statistics.median(own) * 1e3, "attempt_overhead_p90_ms": _p(own, 90) * 1e3,
+               "reserve_p50_ms": statistics.median(reserves.samples) * 1e3}
+    return [Row("overhead per call under /rollout/{rid}/attempt/{aid}", None, None, len(own),
+                f"p50 {figures['attempt_overhead_p50_ms']:.2f} ms, p90 {figures['attempt_overhead_p90_ms']:.2f} ms; "
+                f"its sequence-id reservation (run while sampling) p50 {figures['reserve_p50_ms']:.2f} ms")], figures
+
+
 def _throughput(sizes: Sizes, engine: TorchEngine, backend: EngineBackend, port: int,
                 prompt: list[int]) -> list[Row]:
     rows = []
@@ -213,10 +253,7 @@ def _throughput(sizes: Sizes, engine: TorchEngine, backend: EngineBackend, port:
 def run(ctx: Context) -> Report:
     sizes = QUICK if ctx.quick else FULL
     load_before = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker(log_path=Path(tmp) / "broker.log") as broker:
-        settings = Settings(bootstrap_servers=broker.bootstrap, topic_prefix=f"bench-ps-{uuid.uuid4().hex[:8]}",
-                            data_dir=Path(tmp) / "data")
-        create_topics(settings)
+    with pipeline(ctx, "policy_server") as settings:
         policy = build_policy("tiny", seed=0)
         engine = TorchEngine(policy.model, policy.tokenizer, 0)
         served_engine = TorchEngine(build_policy("tiny", seed=0).model, policy.tokenizer, 0)
@@ -229,6 +266,10 @@ def run(ctx: Context) -> Report:
             ctx.step(f"{sizes.calls} calls each: engine directly, /v1/completions, /v1/chat/completions")
             chat_prompt = backend.chat_prompt([("user", "Count: 1 2 3")])
             rows, overhead = _per_call(sizes, engine, clock, server.running.port, prompt, chat_prompt)
+            ctx.step(f"{sizes.calls} calls under an attempt's path (the lifecycle processor reserves sequence ids)")
+            attempt_rows, attempt_figures = _per_attempt(sizes, settings, clock, server, prompt)
+            rows += attempt_rows
+            overhead.update(attempt_figures)
             ctx.step("throughput: 1 and 16 clients")
             rows += _throughput(sizes, engine, backend, server.running.port, prompt)
         finally:
