@@ -169,6 +169,21 @@ def test_langchain_chat_openai_and_plain_http_work_unchanged(settings: Settings)
     assert recorded[body["id"]].attributes["gen_ai.completion.0.content"] == reply.content
 
 
+def test_several_choices_and_a_stop_sequence(settings: Settings) -> None:
+    with ServerThread(settings, tiny_backend()) as server:
+        c = client(server)
+        three = c.chat.completions.create(model="m", messages=MESSAGES, n=3, max_tokens=8, seed=7)
+        full = c.completions.create(model="m", prompt="1+1=", temperature=0, max_tokens=12).choices[0].text
+        stop = full[4:6]  # greedy again, told to stop at a piece of its own answer
+        cut = c.completions.create(model="m", prompt="1+1=", temperature=0, max_tokens=12, stop=[stop]).choices[0]
+        recorded = by_response_id(settings, 5)
+    assert [ch.index for ch in three.choices] == [0, 1, 2]
+    choice_spans = [recorded[f"{three.id}.{i}"] for i in range(3)]
+    assert [s.attributes["litstream.choice.index"] for s in choice_spans] == [0, 1, 2]
+    assert len({s.sequence_id for s in choice_spans}) == 3  # one id each, reserved together
+    assert cut.finish_reason == "stop" and cut.text == full[: full.find(stop)]
+
+
 def test_errors_come_back_in_openai_format(settings: Settings) -> None:
     with ServerThread(settings, tiny_backend()) as server:
         status, body = post(server.base_url + "/chat/completions", b"{not json")
