@@ -370,6 +370,8 @@ def gateway(host: str | None, port: int | None) -> None:
 @click.option("--upstream-model", default=None, help="With --upstream: the model name it serves.")
 @click.option("--tokenizer", type=click.Path(exists=True, file_okay=False), default=None,
               help="With --upstream: a directory with the served model's tokenizer (e.g. its checkpoint).")
+@click.option("--upstream-api-key", envvar="LITSTREAM_POLICY_UPSTREAM_API_KEY", default=None,
+              help="With --upstream: the key it wants (or LITSTREAM_POLICY_UPSTREAM_API_KEY).")
 @click.option("--name", default=None, help="The model name in answers and /v1/models (default: the policy's).")
 @click.option("--publish/--no-publish", default=False, show_default=True,
               help="Republish each policy version as a ProxyLLM at this server, so runners give agents a "
@@ -381,13 +383,15 @@ def gateway(host: str | None, port: int | None) -> None:
 @click.option("--max-tokens", "max_tokens", default=256, show_default=True,
               help="max_tokens when a request gives none (capped by the model's context).")
 def policy_server(host: str | None, port: int | None, checkpoint: str | None, model: str | None,
-                  upstream: str | None, upstream_model: str | None, tokenizer: str | None, name: str | None,
+                  upstream: str | None, upstream_model: str | None, tokenizer: str | None,
+                  upstream_api_key: str | None, name: str | None,
                   publish: bool, public_url: str | None, batch_window_ms: float, max_tokens: int) -> None:
     """The policy endpoint: an OpenAI-compatible server for the current policy; every call becomes a span.
 
     It follows the policy versions the trainer publishes and switches to each without failing a call in flight.
     Calls under /rollout/RID/attempt/AID/v1 are recorded for that attempt; plain /v1 calls are recorded with no
-    rollout. See docs/policy-server.md.
+    rollout. With LITSTREAM_POLICY_SERVER_TOKEN set, callers must send it as their API key. See
+    docs/policy-server.md.
 
     \b
     Example:
@@ -402,7 +406,8 @@ def policy_server(host: str | None, port: int | None, checkpoint: str | None, mo
     settings = load_settings()
     try:
         backend = build_backend(checkpoint=checkpoint, model=model, upstream=upstream, upstream_model=upstream_model,
-                                tokenizer=tokenizer, name=name, batch_window_s=batch_window_ms / 1000)
+                                tokenizer=tokenizer, upstream_api_key=upstream_api_key, name=name,
+                                batch_window_s=batch_window_ms / 1000)
     except (ValueError, ImportError, FileNotFoundError) as exc:
         _fail(str(exc))
     options = ServerOptions(host=host or settings.policy_server_host,

@@ -50,9 +50,11 @@ class Settings(BaseSettings):
     gateway_port: int = 8080
     gateway_token: SecretStr | None = None
 
-    # The policy endpoint (`litstream policy-server`): where it listens.
+    # The policy endpoint (`litstream policy-server`): where it listens, and the API key its callers must send
+    # (``Authorization: Bearer <key>``, what OpenAI clients send as ``api_key``); none: no check.
     policy_server_host: str = "127.0.0.1"
     policy_server_port: int = Field(8090, ge=0, le=65535)
+    policy_server_token: SecretStr | None = None
 
     @property
     def chdb_path(self) -> Path:

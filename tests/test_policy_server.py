@@ -14,6 +14,7 @@ from typing import Any
 
 import openai
 import pytest
+from pydantic import SecretStr
 
 from litstream.app.stack import Stack
 from litstream.infra import clickhouse, health
@@ -167,6 +168,17 @@ def test_langchain_chat_openai_and_plain_http_work_unchanged(settings: Settings)
     assert reply.content == streamed == body["choices"][0]["message"]["content"]  # greedy: the same answer
     assert reply.response_metadata["token_usage"]["completion_tokens"] == body["usage"]["completion_tokens"]
     assert recorded[body["id"]].attributes["gen_ai.completion.0.content"] == reply.content
+
+
+def test_with_a_token_set_callers_must_send_it_as_their_api_key(settings: Settings) -> None:
+    guarded = settings.model_copy(update={"policy_server_token": SecretStr("pk-Secret-7")})
+    with ServerThread(guarded, tiny_backend()) as server:
+        with pytest.raises(openai.AuthenticationError) as refused:
+            client(server).chat.completions.create(model="m", messages=MESSAGES, max_tokens=2)
+        assert refused.value.code == "invalid_api_key" and "pk-Secret-7" not in str(refused.value)
+        good = openai.OpenAI(base_url=server.base_url, api_key="pk-Secret-7", max_retries=0)
+        assert good.chat.completions.create(model="m", messages=MESSAGES, max_tokens=2).choices
+        assert urllib.request.urlopen(server.root + "/health", timeout=30).status == 200
 
 
 def test_several_choices_and_a_stop_sequence(settings: Settings) -> None:

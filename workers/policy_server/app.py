@@ -8,6 +8,7 @@ Routes (each also under ``/rollout/{rid}/attempt/{aid}``, the URL a ``ProxyLLM``
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import time
@@ -41,6 +42,7 @@ class PolicyServer:
     backend: Backend
     recorder: SpanRecorder
     default_max_tokens: int = DEFAULT_MAX_TOKENS
+    api_key: str | None = None  # callers must send it as a bearer token
     started: int = field(default_factory=now)
     stats: dict[str, int] = field(default_factory=lambda: {"calls": 0, "errors": 0, "streams": 0,
                                                            "disconnects": 0})
@@ -171,6 +173,7 @@ SERVER: web.AppKey[PolicyServer] = web.AppKey("server", PolicyServer)
 async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     server = request.app[SERVER]
     try:
+        _authorize(request, server.api_key)
         return await handler(request)
     except ApiError as exc:
         server.stats["errors"] += 1
@@ -187,6 +190,15 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         log.exception("%s %s failed", request.method, request.path)
         return web.json_response(ApiError(500, f"The policy failed to answer: {type(exc).__name__}: {exc}",
                                           "server_error").body(), status=500)
+
+
+def _authorize(request: web.Request, api_key: str | None) -> None:
+    if not api_key or request.path == "/health":
+        return
+    given = request.headers.get("Authorization", "")
+    if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+        raise ApiError(401, "Missing or wrong API key: send Authorization: Bearer <key> (the `api_key` of an OpenAI "
+                            "client), the key set in LITSTREAM_POLICY_SERVER_TOKEN", code="invalid_api_key")
 
 
 def build_app(server: PolicyServer) -> web.Application:

@@ -289,14 +289,15 @@ def upstream_backend(base_url: str, upstream_model: str, tokenizer_dir: str | Pa
 
 def build_backend(*, checkpoint: str | Path | None = None, model: str | None = None, upstream: str | None = None,
                   upstream_model: str | None = None, tokenizer: str | Path | None = None,
-                  name: str | None = None, batch_window_s: float = 0.0) -> EngineBackend:
+                  upstream_api_key: str | None = None, name: str | None = None,
+                  batch_window_s: float = 0.0) -> EngineBackend:
     """The backend the command line names: a checkpoint directory, a fresh ``tiny`` / ``smollm2`` policy, or an
     upstream URL (with its model name and a tokenizer directory)."""
     if upstream:
         if not (upstream_model and tokenizer):
             raise ValueError("--upstream needs --upstream-model (the name it serves) and --tokenizer (a directory "
                              "with the served model's tokenizer, e.g. its checkpoint)")
-        return upstream_backend(upstream, upstream_model, tokenizer, model_name=name)
+        return upstream_backend(upstream, upstream_model, tokenizer, model_name=name, api_key=upstream_api_key)
     if checkpoint:
         engine = TorchEngine.from_checkpoint(checkpoint)
         return torch_backend(engine, name or Path(checkpoint).name, batch_window_s=batch_window_s)

@@ -48,7 +48,9 @@ class RunningServer:
         self.producer = EventProducer(settings, role=ROLE)
         self.rollouts = RolloutsView(settings, self.producer.codec)
         self.recorder = SpanRecorder(self.producer, self.rollouts, service_name=ROLE)
-        self.server = PolicyServer(backend, self.recorder, default_max_tokens=options.default_max_tokens)
+        token = settings.policy_server_token.get_secret_value() if settings.policy_server_token else None
+        self.server = PolicyServer(backend, self.recorder, default_max_tokens=options.default_max_tokens,
+                                   api_key=token)
         self.follower: VersionFollower | None = None
         self._runner: web.AppRunner | None = None
         self._poller: asyncio.Task[None] | None = None
@@ -63,7 +65,8 @@ class RunningServer:
         if sockets:
             self.port = int(sockets[0].getsockname()[1])
         endpoint = self.options.endpoint(self.port) if self.options.publish else None
-        self.follower = VersionFollower(self.settings, self.producer, self.server.backend, public_endpoint=endpoint)
+        self.follower = VersionFollower(self.settings, self.producer, self.server.backend, public_endpoint=endpoint,
+                                        api_key=self.server.api_key)
         self._poller = asyncio.create_task(self._serve_reports(), name="policy-server-reports")
 
     @property

@@ -69,10 +69,11 @@ class VersionFollower:
     """Keeps ``backend`` on the latest published policy version; republishes it as a ``ProxyLLM`` if asked."""
 
     def __init__(self, settings: Settings, producer: EventProducer, backend: Backend, *,
-                 public_endpoint: str | None = None) -> None:
+                 public_endpoint: str | None = None, api_key: str | None = None) -> None:
         self.producer = producer
         self.backend = backend
         self.public_endpoint = public_endpoint  # .../v1 of this server, when it publishes itself
+        self.api_key = api_key  # published with it, so the agents' clients send it
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._task = asyncio.create_task(self._follow(), name="policy-versions")
@@ -116,7 +117,8 @@ class VersionFollower:
 
     def _publish(self, update: ResourcesUpdate, llm: LLM) -> None:
         assert self.public_endpoint is not None
-        proxy = ProxyLLM(endpoint=self.public_endpoint, model=llm.model, sampling_parameters=llm.sampling_parameters)
+        proxy = ProxyLLM(endpoint=self.public_endpoint, model=llm.model, api_key=self.api_key,
+                         sampling_parameters=llm.sampling_parameters)
         others = {k: v for k, v in update.resources.items() if k not in (POLICY_RESOURCE, WEIGHTS_RESOURCE)}
         records: dict[str, NamedResourceRecord] = to_records({POLICY_RESOURCE: proxy, WEIGHTS_RESOURCE: llm, **others})
         now = time.time()
