@@ -1,0 +1,397 @@
+"""``Trainer``: the reference's training entry point, ``Trainer(algorithm=...).fit(agent, train, val)``.
+
+It lives in the shell (``app/``) because it starts processes: the embedded broker and the pipeline (lifecycle,
+span sink, triplet processor), the policy endpoint (publishing itself, so agents get a per-attempt OpenAI URL),
+what the algorithm needs (the GRPO trainer) and ``n_runners`` runner processes with the agent. The algorithms
+themselves are in ``litstream.trainer.algorithm`` and see all of this only through :class:`StackDriver`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from litstream.infra import health
+from litstream.infra.producer import EventProducer
+from litstream.infra.settings import Settings
+from litstream.schemas.codec import Codec
+from litstream.schemas.events import SpanRecorded
+from litstream.schemas.models import FINISHED, LLM, NamedResources, ProxyLLM
+from litstream.schemas.policy import POLICY_RESOURCE, parse_policy_version, policy_resources_id
+from litstream.streams.span_attrs import reward_value
+from litstream.streams.stateview import StateView
+from litstream.streams.views import ResourcesView, TopicFollower
+from litstream.trainer.algorithm import GRPO, Algorithm, Baseline, History, Policy, RolloutResult
+from litstream.workers.client import enqueue_rollout
+
+from .stack import Stack
+
+REWARD_GRACE_S = 5.0  # a finished rollout's reward span may reach the spans topic just after its status
+
+
+class RewardsView(TopicFollower):
+    """Final reward of each rollout, from the reward spans on the spans topic (the last one wins)."""
+
+    record_type = SpanRecorded
+
+    def __init__(self, settings: Settings, codec: Codec) -> None:
+        self.rewards: dict[str, float] = {}
+        super().__init__(settings, f"{settings.topic_prefix}.spans", codec)
+
+    def on_record(self, span: SpanRecorded) -> None:
+        value = reward_value(span.name, span.attributes)
+        if value is not None:
+            self.rewards[span.meta.rollout_id] = value
+
+
+@dataclass
+class _Pending:
+    mode: str
+    resources_id: str | None
+    data_id: str | None
+    finished_at: float | None = None
+    status: str | None = None
+
+
+class StackDriver:
+    """The :class:`~litstream.trainer.algorithm.Driver` over a running stack (embedded or joined)."""
+
+    def __init__(self, settings: Settings, stack: Stack | None, console: Console) -> None:
+        self.settings = settings
+        self.stack = stack
+        self.console = console
+        self.events = EventProducer(settings, role="trainer-driver")
+        self.view = StateView(settings, self.events.codec)
+        self.resources_view = ResourcesView(settings, self.events.codec)
+        self.rewards = RewardsView(settings, self.events.codec)
+        self.pending: dict[str, _Pending] = {}
+        self.stop_event = threading.Event()
+        self.serving_through_proxy = False  # True once a policy server publishes itself
+        self.submitted = 0
+        self._last_show = 0.0
+
+    def close(self) -> None:
+        self.events.flush()
+        for view in (self.view, self.resources_view, self.rewards):
+            view.close()
+
+    # --- rollouts -------------------------------------------------------------------------------------------
+
+    def submit(self, tasks: Sequence[Any], *, mode: str, resources_id: str | None = None,
+               metadata: Sequence[dict[str, Any]] | None = None) -> list[str]:
+        ids = []
+        for i, task in enumerate(tasks):
+            meta = dict(metadata[i]) if metadata else {}
+            ev = enqueue_rollout(self.events, task, mode=mode, resources_id=resources_id,  # type: ignore[arg-type]
+                                 metadata=meta)
+            self.pending[ev.rollout_id] = _Pending(mode, resources_id, meta.get("data_id"))
+            ids.append(ev.rollout_id)
+        self.events.flush()
+        self.submitted += len(ids)
+        return ids
+
+    def outstanding(self) -> int:
+        return len(self.pending)
+
+    def poll(self, timeout: float = 0.5) -> list[RolloutResult]:
+        time.sleep(min(timeout, 0.2))
+        snaps = self.view.catch_up()
+        now = time.monotonic()
+        done: list[RolloutResult] = []
+        for rid, p in list(self.pending.items()):
+            snap = snaps.get(rid)
+            if p.finished_at is None and snap is not None and snap.status in FINISHED:
+                p.finished_at, p.status = now, snap.status
+            if p.finished_at is None:
+                continue
+            reward = self.rewards.rewards.get(rid)
+            if reward is None and p.status == "succeeded" and now - p.finished_at < REWARD_GRACE_S:
+                continue
+            version = parse_policy_version(p.resources_id) if p.resources_id else None
+            done.append(RolloutResult(rid, p.mode, str(p.status), reward, version, p.resources_id, p.data_id))
+            del self.pending[rid]
+        return done
+
+    # --- resources ------------------------------------------------------------------------------------------
+
+    def publish(self, resources: NamedResources, resources_id: str | None = None) -> str:
+        import uuid
+
+        from litstream.schemas.events import ResourcesPublished
+        from litstream.streams.resources import to_records
+
+        rid = resources_id or f"rs-{uuid.uuid4().hex[:12]}"
+        now = time.time()
+        self.events.send(self.events.topics.resources, ResourcesPublished(
+            **self.events.factory.stamp(), resources_id=rid, version=1, create_time=now, update_time=now,
+            resources=to_records(resources)))
+        self.events.flush()
+        self.resources_view.wait_for(lambda: True if rid in self.resources_view.state.by_id else None, 30.0)
+        return rid
+
+    def resources(self, resources_id: str) -> NamedResources:
+        update = self.resources_view.state.by_id.get(resources_id)
+        return dict(update.resources) if update else {}
+
+    def latest_policy(self) -> Policy | None:
+        """The newest ``policy-vN`` publication, once it is served to agents (a ProxyLLM when a policy server
+        publishes itself: the trainer's own ``torch://`` publication is not usable by an OpenAI client)."""
+        best: Policy | None = None
+        for rid, update in list(self.resources_view.state.by_id.items()):
+            version = parse_policy_version(rid)
+            if version is None or (best is not None and version <= best.version):
+                continue
+            proxied = any(isinstance(r, ProxyLLM) for r in update.resources.values())
+            if proxied or not self.serving_through_proxy:
+                best = Policy(version, rid)
+        return best
+
+    # --- processes ------------------------------------------------------------------------------------------
+
+    def start_service(self, name: str, *args: str) -> None:
+        if self.stack is None:
+            raise RuntimeError(f"joined a running stack: start `litstream {' '.join(args)}` there yourself")
+        self.stack.start(name, *args)
+
+    def service_info(self, name: str) -> dict[str, Any]:
+        role = {"trainer": "trainer"}.get(name, name)
+        return health.read(self.settings.data_dir, role) or {}
+
+    def stopping(self) -> bool:
+        if self.stack is not None:
+            for line in self.stack.supervise():  # a crashed runner is restarted; its claims are retried
+                self.console.print(f"  [yellow]supervisor:[/] {line}")
+        return self.stop_event.is_set()
+
+    def show(self, message: str) -> None:
+        if time.monotonic() - self._last_show >= 2.0:
+            self.console.print(f"  {message}")
+            self._last_show = time.monotonic()
+
+
+@dataclass
+class FitSummary:
+    algorithm: str
+    train_reward_by_version: dict[int, float]
+    val_reward_by_version: dict[int, float]
+    rollouts: int
+    failed: int
+    by_status: dict[str, int]
+    seconds: float
+    interrupted: bool
+    data_dir: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def versions(self) -> list[int]:
+        return sorted(set(self.train_reward_by_version) | set(self.val_reward_by_version))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"algorithm": self.algorithm, "versions": self.versions,
+                "train_reward_by_version": {str(v): round(r, 4) for v, r in self.train_reward_by_version.items()},
+                "val_reward_by_version": {str(v): round(r, 4) for v, r in self.val_reward_by_version.items()},
+                "rollouts": self.rollouts, "failed": self.failed, "by_status": self.by_status,
+                "seconds": round(self.seconds, 1), "interrupted": self.interrupted, "data_dir": self.data_dir,
+                **self.extra}
+
+
+def agent_path(agent: Any) -> tuple[str, str | None]:
+    """``module:attr`` by which a runner process imports ``agent``, and a directory to put on its path (for an
+    agent defined in the script being run)."""
+    if isinstance(agent, str):
+        if ":" not in agent:
+            raise ValueError(f"agent {agent!r}: give it as module:attr, e.g. examples.copy_agent:copy_agent")
+        return agent, None
+    module_name = getattr(agent, "__module__", None) or type(agent).__module__
+    module = sys.modules.get(module_name)
+    if module is None:
+        raise ValueError(f"cannot tell where agent {agent!r} is defined: give it as 'module:attr'")
+    attr = next((name for name, value in vars(module).items() if value is agent), None)
+    if attr is None:
+        raise ValueError(f"agent {agent!r} is not a module-level name of {module_name}: runners import it by "
+                         "name, so define it at module level (or give 'module:attr')")
+    extra_path = None
+    if module_name == "__main__":
+        file = Path(inspect.getfile(module)).resolve()
+        module_name, extra_path = file.stem, str(file.parent)
+    return f"{module_name}:{attr}", extra_path
+
+
+def load_dataset(path: Path) -> list[Any]:
+    """Tasks from a JSONL file (one JSON value a line) or a Parquet file (one dict a row)."""
+    if not path.exists():
+        raise ValueError(f"dataset {path} does not exist")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return list(pq.read_table(path).to_pylist())
+    tasks = []
+    for n, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            tasks.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{n}: not a JSON value ({exc.msg}); each line of a JSONL dataset is one "
+                             "task, e.g. {\"letter\": \"c\", \"count\": 2}") from None
+    return tasks
+
+
+class Trainer:
+    """``Trainer(algorithm=GRPO(), n_runners=2).fit(agent, train_dataset, val_dataset)``.
+
+    ``agent``: a LitAgent, an ``@litagent`` function or a function taking ``task`` and ``llm`` (defined at
+    module level: runner processes import it by name), or its ``"module:attr"``. A dataset is any sequence of
+    JSON-able tasks. Without ``join``, everything runs on a fresh embedded stack in ``<data dir>/train``; with
+    ``join=True`` the Kafka (and data dir) of the settings are used and only the driver runs here: start
+    runners with ``litstream runner --agent module:attr`` on any machine that reaches that Kafka.
+    """
+
+    def __init__(self, algorithm: Algorithm | None = None, n_runners: int = 1, concurrency: int = 4,
+                 model: str = "tiny", settings: Settings | None = None, join: bool = False,
+                 quiet: bool = False) -> None:
+        self.algorithm = algorithm or GRPO(model=model)
+        self.n_runners = n_runners
+        self.concurrency = concurrency
+        self.model = getattr(self.algorithm, "model", model)
+        self.settings = settings or Settings()
+        self.join = join
+        self.console = Console(stderr=True, quiet=quiet)
+        self._driver: StackDriver | None = None
+
+    def fit(self, agent: Any, train_dataset: Sequence[Any], val_dataset: Sequence[Any] | None = None) -> FitSummary:
+        """Train ``agent`` on ``train_dataset``, validating on ``val_dataset``; Ctrl-C stops cleanly (the
+        trainer's checkpoints and the topics keep what was done) and still returns the summary."""
+        train, val = _tasks(train_dataset, "train"), _tasks(val_dataset, "val") if val_dataset is not None else None
+        path, extra_path = agent_path(agent)
+        t0 = time.monotonic()
+        interrupted = False
+        with self._running(path, extra_path) as driver:
+            previous = signal.getsignal(signal.SIGINT)
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGINT, lambda *_: self._interrupt(driver))
+            try:
+                self.algorithm.run(driver, train, val)
+            finally:
+                interrupted = driver.stop_event.is_set()
+                if threading.current_thread() is threading.main_thread():
+                    signal.signal(signal.SIGINT, previous)
+        return self._summary(time.monotonic() - t0, interrupted)
+
+    def dev(self, agent: Any, dataset: Sequence[Any]) -> FitSummary:
+        """Run each task once with the current resources and no training (the reference's ``dev``)."""
+        algorithm, self.algorithm = self.algorithm, Baseline()
+        try:
+            return self.fit(agent, dataset)
+        finally:
+            self.algorithm = algorithm
+
+    def stop(self) -> None:
+        """Ask a running ``fit`` to stop (what Ctrl-C does)."""
+        if self._driver is not None:
+            self._driver.stop_event.set()
+
+    def _interrupt(self, driver: StackDriver) -> None:
+        self.console.print("  stopping: the rollouts in flight are left to the log, checkpoints are kept ...")
+        driver.stop_event.set()
+
+    @contextmanager
+    def _running(self, agent: str, extra_path: str | None) -> Iterator[StackDriver]:
+        if self.join:
+            driver = StackDriver(self.settings, None, self.console)
+            self._driver = driver
+            try:
+                yield driver
+            finally:
+                driver.close()
+            return
+        import shutil
+
+        run_dir = self.settings.data_dir / "train"
+        shutil.rmtree(run_dir, ignore_errors=True)  # the embedded broker starts empty: so does its data dir
+        with Stack(self.settings.model_copy(update={"data_dir": run_dir, "clickhouse_dsn": None})) as stack:
+            self.console.print(f"[bold]litstream train[/]: {self.algorithm.name}, {self.n_runners} runner(s) x "
+                               f"{self.concurrency} slots, agent {agent}; data in {run_dir}")
+            stack.start_broker()
+            stack.create_topics()
+            self.settings = stack.settings
+            driver = StackDriver(stack.settings, stack, self.console)
+            self._driver = driver
+            try:
+                self._start_pipeline(stack, driver, agent, extra_path)
+                yield driver
+            finally:
+                driver.close()
+
+    def _start_pipeline(self, stack: Stack, driver: StackDriver, agent: str, extra_path: str | None) -> None:
+        stack.start("lifecycle", "process", "lifecycle")
+        stack.start("span-sink", "process", "span-sink")
+        if self.algorithm.uses_triplets:
+            stack.start("triplets", "process", "triplets")
+        self.algorithm.prepare(driver)
+        stack.wait_ready("lifecycle", "lifecycle")
+        stack.wait_ready("span-sink", "span-sink", key="inserted")
+        server = ["policy-server", "--port", "0", "--publish"]
+        if self.algorithm.trains_policy:
+            stack.wait_ready("trainer", "trainer", key="version", timeout=600)
+            checkpoint = _published_checkpoint(driver)
+            server += ["--checkpoint", checkpoint] if checkpoint else ["--model", self.model]
+        else:
+            server += ["--model", self.model]
+        driver.serving_through_proxy = True
+        stack.start("policy-server", *server)
+        stack.wait_ready("policy-server", "policy-server", key="url", timeout=600)
+        if not self.algorithm.trains_policy and driver.latest_policy() is None:
+            # Nothing trains: version 0 is the server's own policy, published for it to front.
+            driver.publish({POLICY_RESOURCE: LLM(endpoint=f"{self.model}://initial", model=f"{self.model}-policy",
+                                                 version=0)}, policy_resources_id(0))
+        if extra_path:
+            os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (extra_path, os.environ.get("PYTHONPATH")) if p)
+        for i in range(self.n_runners):
+            stack.start(f"runner-{i}", "runner", "--agent", agent, "--concurrency", str(self.concurrency))
+        self.console.print("  pipeline, policy server and runners are up")
+
+    def _summary(self, seconds: float, interrupted: bool) -> FitSummary:
+        h: History = self.algorithm.history
+        return FitSummary(algorithm=self.algorithm.name, train_reward_by_version=History.means(h.train),
+                          val_reward_by_version=History.means(h.val), rollouts=h.rollouts, failed=h.failed,
+                          by_status=dict(h.statuses), seconds=seconds, interrupted=interrupted,
+                          data_dir=str(self.settings.data_dir))
+
+
+def _published_checkpoint(driver: StackDriver) -> str | None:
+    update = driver.resources_view.wait_for(lambda: driver.resources_view.state.latest, 60.0)
+    for res in (update.resources.values() if update else []):
+        checkpoint = getattr(res, "checkpoint", None)
+        if checkpoint:
+            return str(checkpoint)
+    return None
+
+
+def _tasks(dataset: Sequence[Any] | None, name: str) -> list[Any]:
+    """The dataset as a list, each task checked to be JSON-able (it travels in Kafka events)."""
+    if dataset is None or isinstance(dataset, (str, bytes)) or not hasattr(dataset, "__len__"):
+        raise ValueError(f"the {name} dataset must be a sequence of tasks (a list, a tuple, ...), not "
+                         f"{type(dataset).__name__}")
+    tasks = list(dataset)
+    for i, task in enumerate(tasks):
+        try:
+            json.dumps(task)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{name} task {i} cannot be sent to runners ({exc}); tasks must be JSON values: "
+                             "dicts, lists, strings, numbers") from None
+    if not tasks and name == "train":
+        raise ValueError("the train dataset is empty")
+    return tasks

@@ -1,0 +1,107 @@
+"""Trainer.fit / dev over the embedded stack: the rollouts it makes, validation, Baseline, a user algorithm,
+bad input. Each test brings up its own stack (broker, pipeline, policy server, runners) with tiny settings."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from litstream.app.trainer import Trainer, agent_path, load_dataset
+from litstream.infra.settings import Settings
+from litstream.trainer.algorithm import GRPO, VAL, Algorithm, Baseline, Driver, run_all
+
+TASKS = [{"letter": "a", "count": 1}, {"letter": "b", "count": 2}, {"letter": "c", "count": 1}]
+VAL_TASKS = [{"letter": "d", "count": 2}, {"letter": "a", "count": 2}]
+
+
+def _settings(tmp_path: Path) -> Settings:
+    return Settings(data_dir=tmp_path / "data", partitions=2)
+
+
+def test_fit_makes_n_times_group_size_training_rollouts_and_validates_each_version(tmp_path: Path) -> None:
+    algorithm = GRPO(group_size=2, groups_per_step=1, val_every=1, window_seconds=5.0, in_flight=4)
+    summary = Trainer(algorithm=algorithm, n_runners=1, concurrency=4, settings=_settings(tmp_path),
+                      quiet=True).fit("tests.fit_agents:copy_agent", TASKS, VAL_TASKS)
+    train = algorithm.history.train
+    assert sum(len(rs) for rs in train.values()) == len(TASKS) * 2
+    assert summary.failed == 0
+    assert 0 in summary.val_reward_by_version  # version 0 is validated before training
+    assert max(summary.val_reward_by_version) >= 1  # and a trained version after it
+    for rewards in algorithm.history.val.values():
+        assert len(rewards) == len(VAL_TASKS)
+    assert summary.rollouts == len(TASKS) * 2 + len(VAL_TASKS) * len(summary.val_reward_by_version)
+
+
+def test_dev_runs_each_task_once_with_baseline(tmp_path: Path) -> None:
+    summary = Trainer(n_runners=1, settings=_settings(tmp_path), quiet=True).dev("tests.fit_agents:copy_agent",
+                                                                                 TASKS)
+    assert summary.algorithm == "baseline"
+    assert summary.rollouts == len(TASKS) and summary.failed == 0
+    assert list(summary.train_reward_by_version) == [0]
+
+
+class BestOfTwoTemperatures(Algorithm):
+    """A user's algorithm: publishes two sampling settings with the served policy, validates each, keeps the
+    better one. Only the Driver interface is used."""
+
+    name = "best-temperature"
+
+    def run(self, driver: Driver, train: Sequence[Any], val: Sequence[Any] | None) -> None:
+        policy = driver.latest_policy()
+        assert policy is not None
+        base = driver.resources(policy.resources_id)
+        scores = {}
+        for k, temperature in enumerate((1.0, 0.5)):
+            llm = next(iter(base.values())).model_copy(update={"sampling_parameters": {"temperature": temperature}})
+            rid = driver.publish({"main_llm": llm})
+            results = run_all(driver, val or train, VAL, resources_id=rid)
+            for r in results:
+                self.history.add(r, k)
+            scores[temperature] = sum(r.reward or 0 for r in results)
+        self.best = max(scores, key=lambda t: scores[t])
+
+
+def test_a_user_written_algorithm_needs_only_the_driver(tmp_path: Path) -> None:
+    algorithm = BestOfTwoTemperatures()
+    summary = Trainer(algorithm=algorithm, n_runners=1, settings=_settings(tmp_path), quiet=True).fit(
+        "tests.fit_agents:copy_agent", TASKS, VAL_TASKS)
+    assert summary.rollouts == 2 * len(VAL_TASKS) and summary.failed == 0
+    assert sorted(summary.val_reward_by_version) == [0, 1]
+    assert algorithm.best in (1.0, 0.5)
+
+
+def test_an_agent_that_raises_fails_its_rollouts_and_loses_nothing(tmp_path: Path) -> None:
+    tasks = [{"letter": "a", "count": 1}, {"explode": True}, {"letter": "b", "count": 1}]
+    summary = Trainer(algorithm=Baseline(), n_runners=1, settings=_settings(tmp_path), quiet=True).fit(
+        "tests.fit_agents:raising_agent", tasks)
+    assert summary.rollouts == len(tasks)  # every task accounted for
+    assert summary.failed == 1 and summary.by_status.get("succeeded") == 2
+
+
+def test_bad_datasets_and_agents_are_refused_before_anything_starts(tmp_path: Path) -> None:
+    trainer = Trainer(algorithm=Baseline(), settings=_settings(tmp_path), quiet=True)
+    with pytest.raises(ValueError, match="task 1 cannot be sent"):
+        trainer.fit("tests.fit_agents:copy_agent", [{"ok": 1}, {"bad": object()}])
+    with pytest.raises(ValueError, match="sequence of tasks"):
+        trainer.fit("tests.fit_agents:copy_agent", "not a list")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="module:attr"):
+        trainer.fit("no_colon", TASKS)
+    with pytest.raises(ValueError, match="module-level"):
+        agent_path(lambda task, llm: 0.0)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"letter": "a", "count": 1}\n{"letter": \n')
+    with pytest.raises(ValueError, match="bad.jsonl:2: not a JSON value"):
+        load_dataset(bad)
+    assert not (tmp_path / "data" / "train").exists()  # nothing was started
+
+
+def test_datasets_load_from_jsonl_and_parquet(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(TASKS), tmp_path / "t.parquet")
+    assert load_dataset(tmp_path / "t.parquet") == TASKS
+    assert load_dataset(Path("examples/data/copy_val.jsonl"))[0] == {"letter": "b", "count": 1}
