@@ -851,6 +851,9 @@ EXAMPLES: dict[str, list[str]] = {
 }
 
 
+from .train_cli import train as _train_command  # noqa: E402  (its own module: the command is long)
+
+
 def _add_examples(group: click.Group, prefix: str = "") -> None:
     """Every command's --help ends with examples (EXAMPLES, or the one its decorator gave)."""
     for name, cmd in group.commands.items():
@@ -861,6 +864,7 @@ def _add_examples(group: click.Group, prefix: str = "") -> None:
             _add_examples(cmd, f"{path} ")
 
 
+main.add_command(_train_command)
 _add_examples(main)
 
 if __name__ == "__main__":

@@ -33,7 +33,15 @@ from litstream.schemas.policy import POLICY_RESOURCE, parse_policy_version, poli
 from litstream.streams.span_attrs import reward_value
 from litstream.streams.stateview import StateView
 from litstream.streams.views import ResourcesView, TopicFollower
-from litstream.trainer.algorithm import GRPO, Algorithm, Baseline, History, Policy, RolloutResult
+from litstream.trainer.algorithm import (
+    GRPO,
+    Algorithm,
+    Baseline,
+    History,
+    Policy,
+    RolloutResult,
+    wait_for_policy,
+)
 from litstream.workers.client import enqueue_rollout
 
 from .stack import Stack
@@ -84,6 +92,7 @@ class StackDriver:
 
     def close(self) -> None:
         self.events.flush()
+        self.events.close()
         for view in (self.view, self.resources_view, self.rewards):
             view.close()
 
@@ -261,13 +270,14 @@ class Trainer:
 
     def __init__(self, algorithm: Algorithm | None = None, n_runners: int = 1, concurrency: int = 4,
                  model: str = "tiny", settings: Settings | None = None, join: bool = False,
-                 quiet: bool = False) -> None:
+                 quiet: bool = False, resume: bool = False) -> None:
         self.algorithm = algorithm or GRPO(model=model)
         self.n_runners = n_runners
         self.concurrency = concurrency
         self.model = getattr(self.algorithm, "model", model)
         self.settings = settings or Settings()
         self.join = join
+        self.resume = resume  # keep the checkpoints of the last run: the GRPO trainer goes on from its newest
         self.console = Console(stderr=True, quiet=quiet)
         self._driver: StackDriver | None = None
 
@@ -317,10 +327,8 @@ class Trainer:
             finally:
                 driver.close()
             return
-        import shutil
-
         run_dir = self.settings.data_dir / "train"
-        shutil.rmtree(run_dir, ignore_errors=True)  # the embedded broker starts empty: so does its data dir
+        _clear_run_dir(run_dir, keep=["checkpoints", "trainer-metrics.jsonl"] if self.resume else [])
         with Stack(self.settings.model_copy(update={"data_dir": run_dir, "clickhouse_dsn": None})) as stack:
             self.console.print(f"[bold]litstream train[/]: {self.algorithm.name}, {self.n_runners} runner(s) x "
                                f"{self.concurrency} slots, agent {agent}; data in {run_dir}")
@@ -361,6 +369,7 @@ class Trainer:
             os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (extra_path, os.environ.get("PYTHONPATH")) if p)
         for i in range(self.n_runners):
             stack.start(f"runner-{i}", "runner", "--agent", agent, "--concurrency", str(self.concurrency))
+        wait_for_policy(driver, lambda p: True, 120.0)  # the server fronts version 0: agents can call it
         self.console.print("  pipeline, policy server and runners are up")
 
     def _summary(self, seconds: float, interrupted: bool) -> FitSummary:
@@ -369,6 +378,21 @@ class Trainer:
                           val_reward_by_version=History.means(h.val), rollouts=h.rollouts, failed=h.failed,
                           by_status=dict(h.statuses), seconds=seconds, interrupted=interrupted,
                           data_dir=str(self.settings.data_dir))
+
+
+def _clear_run_dir(run_dir: Path, keep: list[str]) -> None:
+    """The embedded broker starts empty, so does its data dir, but for what ``keep`` names (to resume)."""
+    import shutil
+
+    if not run_dir.exists():
+        return
+    for child in run_dir.iterdir():
+        if child.name in keep:
+            continue
+        if child.is_dir():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
 
 
 def _published_checkpoint(driver: StackDriver) -> str | None:

@@ -3,6 +3,12 @@ bad input. Each test brings up its own stack (broker, pipeline, policy server, r
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -105,3 +111,46 @@ def test_datasets_load_from_jsonl_and_parquet(tmp_path: Path) -> None:
     pq.write_table(pa.Table.from_pylist(TASKS), tmp_path / "t.parquet")
     assert load_dataset(tmp_path / "t.parquet") == TASKS
     assert load_dataset(Path("examples/data/copy_val.jsonl"))[0] == {"letter": "b", "count": 1}
+
+
+def _train_cmd(*extra: str) -> list[str]:
+    return [sys.executable, "-m", "litstream.app.cli", "train", "--agent", "tests.fit_agents:copy_agent",
+            "--runners", "1", "--concurrency", "4", "--group-size", "2", "--groups-per-step", "2", "--json", *extra]
+
+
+def _checkpoint_versions(root: Path) -> list[int]:
+    from litstream.trainer.checkpoint import list_checkpoints
+
+    return [v for v, _ in list_checkpoints(root)] if root.exists() else []
+
+
+def test_ctrl_c_during_fit_stops_cleanly_and_a_rerun_resumes_from_the_checkpoints(tmp_path: Path) -> None:
+    env = {**os.environ, "LITSTREAM_DATA_DIR": str(tmp_path / "data"), "OMP_NUM_THREADS": "1"}
+    checkpoints = tmp_path / "data" / "train" / "checkpoints"
+    proc = subprocess.Popen(_train_cmd("--train", "examples/data/copy_train.jsonl", "--passes", "5"), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        waited = 0
+        while max(_checkpoint_versions(checkpoints), default=0) < 2 and proc.poll() is None and waited < 1200:
+            time.sleep(0.5)
+            waited += 1
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads(out.splitlines()[-1])
+    assert summary["interrupted"] is True
+    assert set(summary) >= {"versions", "train_reward_by_version", "val_reward_by_version", "rollouts", "failed"}
+    reached = max(_checkpoint_versions(checkpoints))
+    assert reached >= 2
+
+    small = tmp_path / "small.jsonl"
+    small.write_text('{"letter": "a", "count": 1}\n')
+    again = subprocess.run(_train_cmd("--train", str(small), "--resume"), env=env, capture_output=True,
+                           text=True, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    resumed = json.loads(again.stdout.splitlines()[-1])
+    assert min(int(v) for v in resumed["train_reward_by_version"]) >= reached  # went on, not from v0
+    assert resumed["rollouts"] == 2
