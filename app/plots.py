@@ -64,6 +64,26 @@ def reward_by_version(s: Section) -> Figure | None:
     return fig
 
 
+def reward_by_version_mode(s: Section) -> Figure | None:
+    """One line per mode (train, val) over the policy versions."""
+    recs = s.records()
+    if not recs:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4))
+    order = list(dict.fromkeys(_label(r["resources_id"]) for r in recs))  # rows come in version order
+    for mode in sorted({str(r["mode"]) for r in recs}):
+        mine = {_label(r["resources_id"]): r["mean"] for r in recs if r["mode"] == mode}
+        xs = [i for i, x in enumerate(order) if x in mine]  # positions: modes share one version axis
+        ax.plot(xs, [mine[order[i]] for i in xs], marker="o",
+                label={"val": "validation", "train": "training"}.get(mode, mode))
+    ax.set_xticks(range(len(order)), order)
+    ax.set(title=s.title, xlabel="resources version", ylabel="mean reward")
+    if len(order) > 6:
+        plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
+    _legend_outside(ax)
+    return fig
+
+
 def reward_over_time(s: Section) -> Figure | None:
     series: dict[str, list[tuple[dt.datetime, float]]] = defaultdict(list)
     for r in s.records():
@@ -143,7 +163,8 @@ def outcomes_over_time(s: Section) -> Figure | None:
     return fig
 
 
-PLOTS = {"reward_by_version": reward_by_version, "reward_over_time": reward_over_time, "latency": latency,
+PLOTS = {"reward_by_version": reward_by_version, "reward_by_version_mode": reward_by_version_mode,
+         "reward_over_time": reward_over_time, "latency": latency,
          "tokens_over_time": tokens_over_time, "outcomes_over_time": outcomes_over_time}
 
 

@@ -85,6 +85,14 @@ SQL_REWARD_BY_VERSION = """
 SELECT resources_id, count() AS rewards, uniqExact(rollout_id) AS rollouts, avg(reward) AS mean_reward,
        quantileExact(0.5)(reward) AS median_reward, min(reward) AS min_reward, max(reward) AS max_reward
 FROM spans FINAL WHERE reward IS NOT NULL GROUP BY resources_id"""
+# Training and validation apart: the rollout's mode is in its RolloutEnqueued event.
+SQL_REWARD_BY_VERSION_MODE = """
+SELECT s.resources_id AS resources_id, if(e.mode = '', 'unset', e.mode) AS mode,
+       uniqExact(s.rollout_id) AS rollouts, avg(s.reward) AS mean_reward
+FROM (SELECT rollout_id, resources_id, reward FROM spans FINAL WHERE reward IS NOT NULL) AS s
+LEFT JOIN (SELECT rollout_id, any(mode) AS mode FROM rollout_events FINAL WHERE event_type = 'RolloutEnqueued'
+           GROUP BY rollout_id) AS e ON s.rollout_id = e.rollout_id
+GROUP BY resources_id, mode"""
 SQL_REWARD_OVER_TIME = """
 SELECT toUnixTimestamp(toStartOfInterval(toDateTime(Timestamp), INTERVAL {bucket} SECOND)) AS bucket,
        resources_id, count() AS rewards, avg(reward) AS mean_reward
@@ -123,7 +131,8 @@ FROM ({_OUTCOMES}) GROUP BY bucket, outcome ORDER BY bucket, outcome"""
 
 # name -> SQL, for the benchmark (one bucket and limit filled in).
 QUERIES: dict[str, str] = {
-    "reward_by_version": SQL_REWARD_BY_VERSION, "reward_over_time": SQL_REWARD_OVER_TIME,
+    "reward_by_version": SQL_REWARD_BY_VERSION, "reward_by_version_mode": SQL_REWARD_BY_VERSION_MODE,
+    "reward_over_time": SQL_REWARD_OVER_TIME,
     "latency": SQL_LATENCY, "tokens": SQL_TOKENS, "tokens_over_time": SQL_TOKENS_OVER_TIME,
     "attempts": SQL_ATTEMPTS, "rollouts": SQL_ROLLOUTS, "outcomes": SQL_OUTCOMES,
     "outcomes_over_time": SQL_OUTCOMES_OVER_TIME,
@@ -149,6 +158,10 @@ def build(run: Run, limit: int = 30) -> Report:
     report.add(Section("reward_by_version", "Reward by resources version",
                        ["resources_id", "rewards", "rollouts", "mean", "median", "min", "max"], by_version,
                        "reward spans (agentlightning.annotation) per resources id; policy-vN in version order"))
+    by_mode = sorted(q(SQL_REWARD_BY_VERSION_MODE), key=lambda r: (version_key(str(r[0])), str(r[1])))
+    report.add(Section("reward_by_version_mode", "Training and validation reward by version",
+                       ["resources_id", "mode", "rollouts", "mean"], by_mode,
+                       "mode of each rollout (train / val) from its RolloutEnqueued event"))
     over_time = [[iso(r[0]), *r[1:]] for r in q(SQL_REWARD_OVER_TIME)]
     report.add(Section("reward_over_time", f"Reward over time ({_bucket_label(report.bucket_s)} buckets, UTC)",
                        ["bucket", "resources_id", "rewards", "mean"], over_time))

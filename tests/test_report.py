@@ -104,6 +104,9 @@ def test_sections_count_each_record_once(ch: ClickHouse) -> None:
                                                                 ["", 1, 1]]
     assert s["reward_by_version"].rows[0][3] == pytest.approx(0.3)
     assert sum(row[2] for row in s["reward_over_time"].rows) == 4
+    by_mode = s["reward_by_version_mode"].rows  # train and validation apart (these rollouts name no mode)
+    assert sum(row[2] for row in by_mode) == sum(row[2] for row in s["reward_by_version"].rows)
+    assert {row[1] for row in by_mode} == {"unset"}
 
     latency = {(row[0], row[1]): row for row in s["latency"].rows}
     chat = latency[("chat", "m1")]
@@ -140,13 +143,13 @@ def test_empty_tables_give_an_empty_report(tmp_path: Path) -> None:
 def test_plots_are_png_and_one_self_contained_page(ch: ClickHouse, tmp_path: Path) -> None:
     files = plots.write(report.build(ch.query), tmp_path / "out")
     names = {f.name for f in files}
-    assert names == {"reward_by_version.png", "reward_over_time.png", "latency.png", "tokens_over_time.png",
+    assert names == {"reward_by_version.png", "reward_by_version_mode.png", "reward_over_time.png", "latency.png", "tokens_over_time.png",
                      "outcomes_over_time.png", "report.html"}
     for f in files:
         if f.suffix == ".png":
             assert f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (tmp_path / "out" / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 5 and "policy-v10" in page and "src='http" not in page
+    assert page.count("data:image/png;base64,") == 6 and "policy-v10" in page and "src='http" not in page
 
 
 def test_versions_sort_numerically() -> None:
