@@ -13,26 +13,22 @@ import json
 import random
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from litstream.infra import clickhouse, health
 from litstream.infra.kafka import read_to_end
-from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
-from litstream.schemas.models import FINISHED
 from litstream.schemas.policy import parse_policy_version
-from litstream.streams.stateview import StateView
-from litstream.workers.client import enqueue_rollout
+from litstream.trainer import toy_task
+from litstream.trainer.algorithm import GRPO
 
-from .demo import fresh_stack, spans_emitted_and_stored
-from .stack import Stack
+from .demo import spans_emitted_and_stored
+from .trainer import Trainer
 
 AGENT = "litstream.workers.policy_agent:toy_policy_agent"
 
@@ -81,42 +77,23 @@ class LoopDemoResult:
 
 
 def run_closed_loop(settings: Settings, cfg: LoopDemoConfig, quiet: bool = False) -> LoopDemoResult:
-    console = Console(stderr=True, quiet=quiet)
+    """The demo as one use of :class:`~litstream.app.trainer.Trainer`: GRPO over a dataset of toy tasks, the
+    agent running the trained policy in-process (no policy server), stopped after ``steps`` versions or
+    ``minutes``; the outcome is read back from the spans (ClickHouse) and the triplets topic."""
     t0 = time.monotonic()
     run_dir = settings.data_dir / "demo"
-    banner = (f"[bold]litstream demo[/]: GRPO on the {cfg.model} policy, {cfg.runners} runner(s) x {cfg.concurrency} "
-              f"slots, {cfg.groups_per_step} groups of {cfg.group_size} per step")
-    with fresh_stack(settings, console, banner) as stack:
-        settings = stack.settings
-        stack.start("lifecycle", "process", "lifecycle")
-        stack.start("span-sink", "process", "span-sink")
-        stack.start("triplets", "process", "triplets")
-        stack.start("trainer", "process", "trainer", "--policy", cfg.model, "--group-size", str(cfg.group_size),
-                    "--groups-per-step", str(cfg.groups_per_step), "--max-staleness", str(cfg.max_staleness),
-                    "--lr", str(cfg.lr), "--epochs", str(cfg.epochs), "--entropy-coef", str(cfg.entropy_coef),
-                    "--max-steps", str(cfg.steps), "--seed", str(cfg.seed))
-        for i in range(cfg.runners):
-            stack.start(f"runner-{i}", "runner", "--agent", AGENT, "--concurrency", str(cfg.concurrency))
-        stack.wait_ready("span-sink", "span-sink", key="inserted")
-        stack.wait_ready("lifecycle", "lifecycle")
-        stack.wait_ready("triplets", "triplets", key="triplets")
-        stack.wait_ready("trainer", "trainer", key="version", timeout=600)  # SmolLM2 takes a while to load
-        console.print("  lifecycle, span sink, triplet processor, trainer (policy-v0 published) and runners are up")
-
-        rollouts, by_status = _drive(settings, stack, cfg, console)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # the triplet processor finalizes an attempt once its spans settle
-            if int((health.read(settings.data_dir, "triplets") or {}).get("attempts", 0)) >= rollouts:
-                break
-            time.sleep(0.3)
-
-        spans_emitted, in_ch = spans_emitted_and_stored(settings)
-        triplet_versions = _triplet_versions(settings)
-        triplets = sum(triplet_versions.values())
-        rows = clickhouse.query(settings.resolved_clickhouse_dsn, "SELECT resources_id, avg(reward), count() FROM spans FINAL "
-                                     "WHERE reward IS NOT NULL GROUP BY resources_id").rows
-        steps = _trainer_steps(run_dir)
-
+    rng = random.Random(cfg.seed)
+    tasks = [toy_task.make_task(rng) for _ in range(max(1, cfg.steps) * cfg.groups_per_step * 2)]
+    algorithm = GRPO(model=cfg.model, group_size=cfg.group_size, groups_per_step=cfg.groups_per_step,
+                     max_staleness=cfg.max_staleness, lr=cfg.lr, ppo_epochs=cfg.epochs,
+                     entropy_coef=cfg.entropy_coef, in_flight=cfg.in_flight, seed=cfg.seed, window_seconds=None,
+                     max_versions=cfg.steps, minutes=cfg.minutes, val_every=0)
+    outcome: dict[str, Any] = {}
+    trainer = Trainer(algorithm=algorithm, n_runners=cfg.runners, concurrency=cfg.concurrency, model=cfg.model,
+                      settings=settings, quiet=quiet, serve_policy=False, run_name="demo",
+                      on_finish=lambda s: outcome.update(_outcome(s, algorithm.history.rollouts)))
+    summary = trainer.fit(AGENT, tasks)
+    rows = outcome.get("rows", [])
     by_version: dict[int, float] = {}
     counts: dict[int, int] = {}
     for rid, mean, n in rows:
@@ -125,61 +102,30 @@ def run_closed_loop(settings: Settings, cfg: LoopDemoConfig, quiet: bool = False
             by_version[v], counts[v] = float(mean), int(n)
     by_version = dict(sorted(by_version.items()))
     counts = dict(sorted(counts.items()))
+    steps = _trainer_steps(run_dir)
     plot = _plot(by_version, counts, steps, cfg.plot or run_dir / "reward_curve.png")
+    triplet_versions = outcome.get("triplet_versions", {})
     return LoopDemoResult(versions=list(by_version), mean_reward_by_version=by_version, rollouts_by_version=counts,
-                          rollouts=rollouts, by_status=by_status, spans_emitted=spans_emitted,
-                          spans_in_clickhouse=in_ch, triplets=triplets, trainer_steps=steps,
+                          rollouts=summary.rollouts, by_status=summary.by_status,
+                          spans_emitted=outcome.get("spans_emitted", 0),
+                          spans_in_clickhouse=outcome.get("spans_in_clickhouse", 0),
+                          triplets=sum(triplet_versions.values()), trainer_steps=steps,
                           seconds=time.monotonic() - t0, data_dir=str(run_dir), plot=plot,
                           extra={"triplets_by_version": triplet_versions})
 
 
-def _drive(settings: Settings, stack: Stack, cfg: LoopDemoConfig, console: Console) -> tuple[int, dict[str, int]]:
-    """Enqueue task groups, at most ``in_flight`` rollouts unfinished, until the trainer has made ``steps``
-    versions or the time budget is spent; then let the rollouts in flight finish."""
-    rng = random.Random(cfg.seed)
-    events = EventProducer(settings, role="demo")
-    from litstream.trainer import toy_task
-
-    outstanding: set[str] = set()
-    finished: dict[str, str] = {}
-    in_flight = cfg.in_flight or 2 * cfg.groups_per_step * cfg.group_size
-    deadline = time.monotonic() + cfg.minutes * 60
-    try:
-        with StateView(settings) as view, Progress(
-            TextColumn("  {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=console,
-        ) as progress:
-            bar = progress.add_task("policy versions", total=cfg.steps)
-            version = 0
-            while version < cfg.steps and time.monotonic() < deadline:
-                while len(outstanding) + cfg.group_size <= in_flight:
-                    task = toy_task.make_task(rng)
-                    group = f"g-{uuid.uuid4().hex[:12]}"
-                    for _ in range(cfg.group_size):
-                        ev = enqueue_rollout(events, task, mode="train", metadata={"group_id": group})
-                        outstanding.add(ev.rollout_id)
-                events.flush()
-                time.sleep(0.2)
-                _collect(view, outstanding, finished)
-                info = health.read(settings.data_dir, "trainer") or {}
-                version = int(info.get("version", 0))
-                steps = _trainer_steps(settings.data_dir)
-                reward = f"batch reward {steps[-1]['reward_mean']:.2f}" if steps else "waiting for the first window"
-                progress.update(bar, completed=min(version, cfg.steps),
-                                description=f"policy v{version}: {reward}; {len(finished)} rollouts done")
-                _check_alive(stack)
-            settle = time.monotonic() + 60
-            while outstanding and time.monotonic() < settle:
-                _collect(view, outstanding, finished)
-                time.sleep(0.2)
-    finally:
-        events.flush()
-    by_status: dict[str, int] = {}
-    for status in finished.values():
-        by_status[status] = by_status.get(status, 0) + 1
-    if outstanding:
-        by_status["unfinished"] = len(outstanding)
-    return len(finished) + len(outstanding), by_status
+def _outcome(settings: Settings, rollouts: int) -> dict[str, Any]:
+    """Read back, while the stack still runs: spans emitted and stored, triplets, reward by version."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the triplet processor finalizes an attempt once its spans settle
+        if int((health.read(settings.data_dir, "triplets") or {}).get("attempts", 0)) >= rollouts:
+            break
+        time.sleep(0.3)
+    spans_emitted, in_ch = spans_emitted_and_stored(settings)
+    rows = clickhouse.query(settings.resolved_clickhouse_dsn, "SELECT resources_id, avg(reward), count() FROM "
+                            "spans FINAL WHERE reward IS NOT NULL GROUP BY resources_id").rows
+    return {"spans_emitted": spans_emitted, "spans_in_clickhouse": in_ch, "rows": rows,
+            "triplet_versions": _triplet_versions(settings)}
 
 
 def _triplet_versions(settings: Settings) -> dict[str, int]:
@@ -195,27 +141,10 @@ def _triplet_versions(settings: Settings) -> dict[str, int]:
     return counts
 
 
-def _collect(view: StateView, outstanding: set[str], finished: dict[str, str]) -> None:
-    snaps = view.catch_up()
-    for rid in list(outstanding):
-        snap = snaps.get(rid)
-        if snap is not None and snap.status in FINISHED:
-            finished[rid] = snap.status
-            outstanding.discard(rid)
-
-
 def _trainer_steps(data_dir: Path) -> list[dict[str, Any]]:
     from litstream.trainer.service import read_metrics
 
     return read_metrics(data_dir)
-
-
-def _check_alive(stack: Stack) -> None:
-    for name, proc in stack.roles.items():
-        if name == "trainer" and proc.proc.returncode == 0:
-            continue  # it stops by itself after its last step
-        if not proc.alive():
-            raise RuntimeError(f"{name} exited with code {proc.proc.returncode}; see {proc.log_path}")
 
 
 def _plot(by_version: dict[int, float], counts: dict[int, int], steps: list[dict[str, Any]],

@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -180,9 +180,19 @@ class StackDriver:
 
     def stopping(self) -> bool:
         if self.stack is not None:
+            self._retire_finished()
             for line in self.stack.supervise():  # a crashed runner is restarted; its claims are retried
                 self.console.print(f"  [yellow]supervisor:[/] {line}")
         return self.stop_event.is_set()
+
+    def _retire_finished(self) -> None:
+        """A service that stopped by itself with code 0 (the trainer after --max-steps) is done, not crashed:
+        take it out of the supervisor's hands so it is not restarted."""
+        assert self.stack is not None
+        for name, child in list(self.stack.children.items()):
+            if name == "trainer" and child.proc.proc.poll() == 0:
+                child.proc.stop()
+                del self.stack.children[name]
 
     def show(self, message: str) -> None:
         if time.monotonic() - self._last_show >= 2.0:
@@ -270,7 +280,8 @@ class Trainer:
 
     def __init__(self, algorithm: Algorithm | None = None, n_runners: int = 1, concurrency: int = 4,
                  model: str = "tiny", settings: Settings | None = None, join: bool = False,
-                 quiet: bool = False, resume: bool = False) -> None:
+                 quiet: bool = False, resume: bool = False, serve_policy: bool = True, run_name: str = "train",
+                 on_finish: Callable[[Settings], None] | None = None) -> None:
         self.algorithm = algorithm or GRPO(model=model)
         self.n_runners = n_runners
         self.concurrency = concurrency
@@ -278,6 +289,10 @@ class Trainer:
         self.settings = settings or Settings()
         self.join = join
         self.resume = resume  # keep the checkpoints of the last run: the GRPO trainer goes on from its newest
+        # False: no policy server; agents use the trainer's own publications (torch:// weights, in-process)
+        self.serve_policy = serve_policy
+        self.run_name = run_name  # the embedded stack's data dir: <data dir>/<run_name>
+        self.on_finish = on_finish  # called with the stack's settings after training, while it still runs
         self.console = Console(stderr=True, quiet=quiet)
         self._driver: StackDriver | None = None
 
@@ -294,6 +309,8 @@ class Trainer:
                 signal.signal(signal.SIGINT, lambda *_: self._interrupt(driver))
             try:
                 self.algorithm.run(driver, train, val)
+                if self.on_finish is not None and not driver.stop_event.is_set():
+                    self.on_finish(driver.settings)
             finally:
                 interrupted = driver.stop_event.is_set()
                 if threading.current_thread() is threading.main_thread():
@@ -327,7 +344,7 @@ class Trainer:
             finally:
                 driver.close()
             return
-        run_dir = self.settings.data_dir / "train"
+        run_dir = self.settings.data_dir / self.run_name
         _clear_run_dir(run_dir, keep=["checkpoints", "trainer-metrics.jsonl"] if self.resume else [])
         with Stack(self.settings.model_copy(update={"data_dir": run_dir, "clickhouse_dsn": None})) as stack:
             self.console.print(f"[bold]litstream train[/]: {self.algorithm.name}, {self.n_runners} runner(s) x "
@@ -351,16 +368,10 @@ class Trainer:
         self.algorithm.prepare(driver)
         stack.wait_ready("lifecycle", "lifecycle")
         stack.wait_ready("span-sink", "span-sink", key="inserted")
-        server = ["policy-server", "--port", "0", "--publish"]
         if self.algorithm.trains_policy:
-            stack.wait_ready("trainer", "trainer", key="version", timeout=600)
-            checkpoint = _published_checkpoint(driver)
-            server += ["--checkpoint", checkpoint] if checkpoint else ["--model", self.model]
-        else:
-            server += ["--model", self.model]
-        driver.serving_through_proxy = True
-        stack.start("policy-server", *server)
-        stack.wait_ready("policy-server", "policy-server", key="url", timeout=600)
+            stack.wait_ready("trainer", "trainer", key="version", timeout=600)  # SmolLM2 takes a while to load
+        if self.serve_policy:
+            self._start_policy_server(stack, driver)
         if not self.algorithm.trains_policy and driver.latest_policy() is None:
             # Nothing trains: version 0 is the server's own policy, published for it to front.
             driver.publish({POLICY_RESOURCE: LLM(endpoint=f"{self.model}://initial", model=f"{self.model}-policy",
@@ -371,6 +382,15 @@ class Trainer:
             stack.start(f"runner-{i}", "runner", "--agent", agent, "--concurrency", str(self.concurrency))
         wait_for_policy(driver, lambda p: True, 120.0)  # the server fronts version 0: agents can call it
         self.console.print("  pipeline, policy server and runners are up")
+
+    def _start_policy_server(self, stack: Stack, driver: StackDriver) -> None:
+        """The policy endpoint on any free port, publishing itself: agents get a per-attempt OpenAI URL."""
+        server = ["policy-server", "--port", "0", "--publish"]
+        checkpoint = _published_checkpoint(driver) if self.algorithm.trains_policy else None
+        server += ["--checkpoint", checkpoint] if checkpoint else ["--model", self.model]
+        driver.serving_through_proxy = True
+        stack.start("policy-server", *server)
+        stack.wait_ready("policy-server", "policy-server", key="url", timeout=600)
 
     def _summary(self, seconds: float, interrupted: bool) -> FitSummary:
         h: History = self.algorithm.history

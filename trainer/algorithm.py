@@ -195,7 +195,10 @@ class GRPO(Algorithm):
     lr: float = 1e-3
     ppo_epochs: int = 1
     entropy_coef: float = 0.0
-    window_seconds: float = 20.0  # a short dataset still trains: a window also closes after this long
+    window_seconds: float | None = 20.0  # a short dataset still trains: a window also closes after this long
+    max_versions: int | None = None  # stop after this many training steps (the trainer stops there too)
+    minutes: float | None = None  # stop submitting after this long; the rollouts in flight still finish
+    settle_seconds: float = 60.0  # at the end, how long the rollouts in flight get to finish
     seed: int = 0
     name: str = "grpo"
     trains_policy = True
@@ -209,7 +212,9 @@ class GRPO(Algorithm):
         return ["process", "trainer", "--policy", self.model, "--group-size", str(self.group_size),
                 "--groups-per-step", str(self.groups_per_step), "--max-staleness", str(self.max_staleness),
                 "--lr", str(self.lr), "--epochs", str(self.ppo_epochs), "--entropy-coef", str(self.entropy_coef),
-                "--window-seconds", str(self.window_seconds), "--seed", str(self.seed)]
+                "--seed", str(self.seed),
+                *(["--window-seconds", str(self.window_seconds)] if self.window_seconds else []),
+                *(["--max-steps", str(self.max_versions)] if self.max_versions else [])]
 
     def prepare(self, driver: Driver) -> None:
         driver.start_service("trainer", *self.trainer_args())
@@ -222,9 +227,17 @@ class GRPO(Algorithm):
         in_flight = self.in_flight or 2 * self.group_size * self.groups_per_step
         next_val = self.val_every
         pending_val: dict[str, int] = {}
+        deadline = time.monotonic() + self.minutes * 60 if self.minutes else None
+        settle: float | None = None
         while (queue or driver.outstanding()) and not driver.stopping():
             policy = driver.latest_policy() or policy
-            if val and policy.version >= next_val:
+            if queue and self._budget_spent(driver, deadline):
+                queue.clear()  # nothing more to submit; the rollouts in flight finish
+            if not queue:
+                settle = settle or time.monotonic() + self.settle_seconds
+                if time.monotonic() > settle:
+                    break
+            if val and self.val_every and policy.version >= next_val:
                 ids = driver.submit(val, mode=VAL, resources_id=policy.resources_id, metadata=_val_metadata(val))
                 pending_val.update(dict.fromkeys(ids, policy.version))
                 next_val = (policy.version // self.val_every + 1) * self.val_every
@@ -236,7 +249,14 @@ class GRPO(Algorithm):
             for r in driver.poll():
                 self.history.add(r, pending_val.pop(r.rollout_id, None))
             driver.show(self._progress(policy, len(queue)))
+        if driver.outstanding():
+            self.history.statuses["unfinished"] = driver.outstanding()
         self._finish(driver, val)
+
+    def _budget_spent(self, driver: Driver, deadline: float | None) -> bool:
+        trained = int(driver.service_info("trainer").get("version", 0))
+        return ((self.max_versions is not None and trained >= self.max_versions)
+                or (deadline is not None and time.monotonic() > deadline))
 
     def _progress(self, policy: Policy, queued: int) -> str:
         train = History.means(self.history.train)
@@ -248,10 +268,10 @@ class GRPO(Algorithm):
 
     def _finish(self, driver: Driver, val: Sequence[Any] | None) -> None:
         """Let the trainer take its last window, then validate the version it ends on."""
-        if driver.stopping():
+        if driver.stopping() or (self.max_versions is not None and not val):
             return
         before = driver.latest_policy()
-        deadline = time.monotonic() + self.window_seconds + 10
+        deadline = time.monotonic() + (self.window_seconds or 0.0) + 10
         while time.monotonic() < deadline and not driver.stopping():
             info = driver.service_info("trainer")
             if int(info.get("version", -1)) > (before.version if before else -1):
