@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from examples.copy_agent import copy_agent  # noqa: F401  (re-exported for the runners)
+from examples.copy_agent import copy_agent, two_turn_agent  # noqa: F401  (re-exported for the runners)
 
 
 def raising_agent(task: dict[str, Any], llm: Any) -> float:

@@ -154,3 +154,34 @@ def test_ctrl_c_during_fit_stops_cleanly_and_a_rerun_resumes_from_the_checkpoint
     resumed = json.loads(again.stdout.splitlines()[-1])
     assert min(int(v) for v in resumed["train_reward_by_version"]) >= reached  # went on, not from v0
     assert resumed["rollouts"] == 2
+
+
+def test_a_two_call_agent_gives_its_triplets_in_call_order(tmp_path: Path) -> None:
+    from litstream.infra.kafka import read_to_end
+    from litstream.schemas.codec import default_codec
+    from litstream.schemas.events import TripletEmitted
+
+    triplets: list[TripletEmitted] = []
+
+    def read_triplets(settings: Settings) -> None:
+        codec = default_codec(settings.schema_registry_url)
+        deadline = time.monotonic() + 120
+        while len(triplets) < 2 * len(TASKS) * 2 and time.monotonic() < deadline:
+            triplets[:] = [codec.decode_as(m.value(), TripletEmitted)
+                           for m in read_to_end(settings, f"{settings.topic_prefix}.triplets")]
+            time.sleep(0.5)
+
+    algorithm = GRPO(group_size=2, groups_per_step=len(TASKS), max_versions=1, window_seconds=None)
+    summary = Trainer(algorithm=algorithm, n_runners=1, settings=_settings(tmp_path), quiet=True,
+                      on_finish=read_triplets).fit("tests.fit_agents:two_turn_agent", TASKS)
+    assert summary.rollouts == len(TASKS) * 2 and summary.failed == 0
+    by_attempt: dict[str, list[TripletEmitted]] = {}
+    for t in triplets:
+        by_attempt.setdefault(t.attempt_id, []).append(t)
+    assert len(by_attempt) == len(TASKS) * 2
+    for calls in by_attempt.values():
+        calls.sort(key=lambda t: t.index)
+        assert [t.index for t in calls] == [0, 1]
+        # the second call's prompt holds the first exchange: it is the longer one
+        assert len(calls[1].prompt_token_ids) > len(calls[0].prompt_token_ids)
+        assert calls[1].reward is not None
