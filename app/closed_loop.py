@@ -87,7 +87,7 @@ def run_closed_loop(settings: Settings, cfg: LoopDemoConfig, quiet: bool = False
     algorithm = GRPO(model=cfg.model, group_size=cfg.group_size, groups_per_step=cfg.groups_per_step,
                      max_staleness=cfg.max_staleness, lr=cfg.lr, ppo_epochs=cfg.epochs,
                      entropy_coef=cfg.entropy_coef, in_flight=cfg.in_flight, seed=cfg.seed, window_seconds=None,
-                     max_versions=cfg.steps, minutes=cfg.minutes, val_every=0)
+                     max_versions=cfg.steps, minutes=cfg.minutes, val_every=0, pin_versions=False)
     outcome: dict[str, Any] = {}
     trainer = Trainer(algorithm=algorithm, n_runners=cfg.runners, concurrency=cfg.concurrency, model=cfg.model,
                       settings=settings, quiet=quiet, serve_policy=False, run_name="demo",

@@ -56,12 +56,15 @@ class RewardsView(TopicFollower):
 
     def __init__(self, settings: Settings, codec: Codec) -> None:
         self.rewards: dict[str, float] = {}
+        self.resources_ids: dict[str, str] = {}  # the resources the attempt that emitted the reward ran with
         super().__init__(settings, f"{settings.topic_prefix}.spans", codec)
 
     def on_record(self, span: SpanRecorded) -> None:
         value = reward_value(span.name, span.attributes)
         if value is not None:
             self.rewards[span.meta.rollout_id] = value
+            if span.resources_id:
+                self.resources_ids[span.meta.rollout_id] = span.resources_id
 
 
 @dataclass
@@ -128,8 +131,9 @@ class StackDriver:
             reward = self.rewards.rewards.get(rid)
             if reward is None and p.status == "succeeded" and now - p.finished_at < REWARD_GRACE_S:
                 continue
-            version = parse_policy_version(p.resources_id) if p.resources_id else None
-            done.append(RolloutResult(rid, p.mode, str(p.status), reward, version, p.resources_id, p.data_id))
+            used = p.resources_id or self.rewards.resources_ids.get(rid)
+            done.append(RolloutResult(rid, p.mode, str(p.status), reward, parse_policy_version(used), used,
+                                      p.data_id))
             del self.pending[rid]
         return done
 

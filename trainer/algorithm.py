@@ -199,6 +199,9 @@ class GRPO(Algorithm):
     max_versions: int | None = None  # stop after this many training steps (the trainer stops there too)
     minutes: float | None = None  # stop submitting after this long; the rollouts in flight still finish
     settle_seconds: float = 60.0  # at the end, how long the rollouts in flight get to finish
+    # True: a training rollout names the policy served when it was submitted; False: it runs on the newest one
+    # when a runner claims it (fresher, but an agent may see a publication before the policy server fronts it)
+    pin_versions: bool = True
     seed: int = 0
     name: str = "grpo"
     trains_policy = True
@@ -244,7 +247,8 @@ class GRPO(Algorithm):
             while queue and driver.outstanding() + self.group_size <= max(in_flight, self.group_size):
                 p, i, task = queue.pop(0)
                 meta = {"group_id": f"{self.tag}-p{p}-d{i}", "data_id": str(i), "pass": p}
-                driver.submit([task] * self.group_size, mode=TRAIN, resources_id=policy.resources_id,
+                driver.submit([task] * self.group_size, mode=TRAIN,
+                              resources_id=policy.resources_id if self.pin_versions else None,
                               metadata=[meta] * self.group_size)
             for r in driver.poll():
                 self.history.add(r, pending_val.pop(r.rollout_id, None))
