@@ -28,7 +28,7 @@ from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
 from litstream.schemas.codec import Codec
 from litstream.schemas.events import SpanRecorded
-from litstream.schemas.models import FINISHED, LLM, NamedResources, ProxyLLM
+from litstream.schemas.models import FINISHED, LLM, NamedResources, ProxyLLM, RolloutConfig
 from litstream.schemas.policy import POLICY_RESOURCE, parse_policy_version, policy_resources_id
 from litstream.streams.span_attrs import reward_value
 from litstream.streams.stateview import StateView
@@ -46,6 +46,10 @@ from litstream.workers.client import enqueue_rollout
 
 from .stack import Stack
 
+# A runner that dies mid-attempt stops its heartbeats (every 5 s): the attempt goes unresponsive after this
+# long and the rollout gets another attempt. An agent that raises fails its attempt, which is not retried.
+DEFAULT_ROLLOUT_CONFIG = RolloutConfig(unresponsive_seconds=30.0, max_attempts=3,
+                                       retry_condition=["unresponsive", "timeout"])
 REWARD_GRACE_S = 5.0  # a finished rollout's reward span may reach the spans topic just after its status
 
 
@@ -79,8 +83,10 @@ class _Pending:
 class StackDriver:
     """The :class:`~litstream.trainer.algorithm.Driver` over a running stack (embedded or joined)."""
 
-    def __init__(self, settings: Settings, stack: Stack | None, console: Console) -> None:
+    def __init__(self, settings: Settings, stack: Stack | None, console: Console,
+                 rollout_config: RolloutConfig | None = None) -> None:
         self.settings = settings
+        self.rollout_config = rollout_config
         self.stack = stack
         self.console = console
         self.events = EventProducer(settings, role="trainer-driver")
@@ -107,7 +113,7 @@ class StackDriver:
         for i, task in enumerate(tasks):
             meta = dict(metadata[i]) if metadata else {}
             ev = enqueue_rollout(self.events, task, mode=mode, resources_id=resources_id,  # type: ignore[arg-type]
-                                 metadata=meta)
+                                 metadata=meta, config=self.rollout_config)
             self.pending[ev.rollout_id] = _Pending(mode, resources_id, meta.get("data_id"))
             ids.append(ev.rollout_id)
         self.events.flush()
@@ -285,7 +291,8 @@ class Trainer:
     def __init__(self, algorithm: Algorithm | None = None, n_runners: int = 1, concurrency: int = 4,
                  model: str = "tiny", settings: Settings | None = None, join: bool = False,
                  quiet: bool = False, resume: bool = False, serve_policy: bool = True, run_name: str = "train",
-                 on_finish: Callable[[Settings], None] | None = None) -> None:
+                 on_finish: Callable[[Settings], None] | None = None,
+                 rollout_config: RolloutConfig | None = None) -> None:
         self.algorithm = algorithm or GRPO(model=model)
         self.n_runners = n_runners
         self.concurrency = concurrency
@@ -297,6 +304,7 @@ class Trainer:
         self.serve_policy = serve_policy
         self.run_name = run_name  # the embedded stack's data dir: <data dir>/<run_name>
         self.on_finish = on_finish  # called with the stack's settings after training, while it still runs
+        self.rollout_config = rollout_config or DEFAULT_ROLLOUT_CONFIG  # retries of every rollout it submits
         self.console = Console(stderr=True, quiet=quiet)
         self._driver: StackDriver | None = None
 
@@ -341,7 +349,7 @@ class Trainer:
     @contextmanager
     def _running(self, agent: str, extra_path: str | None) -> Iterator[StackDriver]:
         if self.join:
-            driver = StackDriver(self.settings, None, self.console)
+            driver = StackDriver(self.settings, None, self.console, self.rollout_config)
             self._driver = driver
             try:
                 yield driver
@@ -356,7 +364,7 @@ class Trainer:
             stack.start_broker()
             stack.create_topics()
             self.settings = stack.settings
-            driver = StackDriver(stack.settings, stack, self.console)
+            driver = StackDriver(stack.settings, stack, self.console, self.rollout_config)
             self._driver = driver
             try:
                 self._start_pipeline(stack, driver, agent, extra_path)

@@ -11,3 +11,10 @@ def raising_agent(task: dict[str, Any], llm: Any) -> float:
     if task.get("explode"):
         raise ValueError(f"the agent cannot handle task {task}")
     return 0.5
+
+
+def slow_agent(task: dict[str, Any]) -> float:
+    import time
+
+    time.sleep(float(task.get("seconds", 2.0)))
+    return 1.0

@@ -188,3 +188,41 @@ def test_a_two_call_agent_gives_its_triplets_in_call_order(tmp_path: Path) -> No
         # the second call's prompt holds the first exchange: it is the longer one
         assert len(calls[1].prompt_token_ids) > len(calls[0].prompt_token_ids)
         assert calls[1].reward is not None
+
+
+@pytest.mark.timeout(900)
+def test_a_runner_killed_during_fit_is_restarted_and_its_rollouts_retried(tmp_path: Path) -> None:
+    import threading
+
+    from litstream.infra import health
+    from litstream.schemas.models import RolloutConfig
+    from litstream.streams.stateview import StateView
+
+    settings = _settings(tmp_path)
+    run_dir = settings.data_dir / "train"
+    killed: list[int] = []
+
+    def kill_the_runner_once_it_works() -> None:
+        for _ in range(2400):
+            info = health.read(run_dir, "runner") or {}
+            if int(info.get("claimed", info.get("attempts", 0)) or 0) > 0 or info.get("running"):
+                os.kill(int(info["pid"]), signal.SIGKILL)
+                killed.append(int(info["pid"]))
+                return
+            time.sleep(0.25)
+
+    attempts: dict[str, int] = {}
+
+    def count_attempts(s: Settings) -> None:
+        with StateView(s) as view:
+            attempts.update({rid: len(snap.attempts) for rid, snap in view.catch_up().items()})
+
+    threading.Thread(target=kill_the_runner_once_it_works, daemon=True).start()
+    tasks = [{"seconds": 3.0, "i": i} for i in range(4)]
+    summary = Trainer(algorithm=Baseline(), n_runners=1, concurrency=4, settings=settings, quiet=True,
+                      rollout_config=RolloutConfig(unresponsive_seconds=6, max_attempts=3,
+                                                   retry_condition=["unresponsive"]),
+                      on_finish=count_attempts).fit("tests.fit_agents:slow_agent", tasks)
+    assert killed, "the runner never reported work"
+    assert summary.rollouts == len(tasks) and summary.by_status == {"succeeded": len(tasks)}
+    assert max(attempts.values()) >= 2  # what the killed runner held was run again
