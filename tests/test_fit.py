@@ -226,3 +226,26 @@ def test_a_runner_killed_during_fit_is_restarted_and_its_rollouts_retried(tmp_pa
     assert killed, "the runner never reported work"
     assert summary.rollouts == len(tasks) and summary.by_status == {"succeeded": len(tasks)}
     assert max(attempts.values()) >= 2  # what the killed runner held was run again
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_the_openai_example_agent_learns_with_validation(tmp_path: Path) -> None:
+    """examples/copy_agent.py through Trainer.fit: validation reward rises clearly (2 CPU cores, ~10 min)."""
+    from examples.copy_agent import make_dataset
+
+    algorithm = GRPO(group_size=8, groups_per_step=8, passes=8, val_every=5, lr=1e-3, ppo_epochs=4,
+                     entropy_coef=0.03, max_staleness=3, minutes=9.0)
+    summary = Trainer(algorithm=algorithm, n_runners=2, concurrency=8, settings=_settings(tmp_path),
+                      quiet=True).fit("tests.fit_agents:copy_agent", make_dataset(64, 0), make_dataset(16, 1))
+    val = summary.val_reward_by_version
+    assert len(val) >= 2 and val[max(val)] > val[0] + 0.2, val
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_the_openai_example_agent_runs_with_smollm2(tmp_path: Path) -> None:
+    algorithm = GRPO(model="smollm2", group_size=2, groups_per_step=2, max_versions=1, val_every=1)
+    summary = Trainer(algorithm=algorithm, n_runners=1, settings=_settings(tmp_path), quiet=True).fit(
+        "tests.fit_agents:copy_agent", TASKS[:2], VAL_TASKS[:1])
+    assert summary.failed == 0 and 0 in summary.val_reward_by_version
