@@ -205,7 +205,7 @@ class StackDriver:
                 del self.stack.children[name]
 
     def show(self, message: str) -> None:
-        if time.monotonic() - self._last_show >= 2.0:
+        if time.monotonic() - self._last_show >= 5.0:
             self.console.print(f"  {message}")
             self._last_show = time.monotonic()
 
