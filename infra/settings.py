@@ -75,6 +75,8 @@ class Settings(BaseSettings):
     gateway_host: str = "127.0.0.1"
     gateway_port: int = 8080
     gateway_token: SecretStr | None = None
+    # Origins a browser page may call the gateway from (CORS), comma-separated, or "*"; empty: CORS off.
+    gateway_cors_origins: str = ""
 
     # Each long-running process serves /metrics, /healthz and /readyz here (infra/metrics.py). Port 0 picks a
     # free one (recorded in the process's health beat), so the processes of one machine never collide; -1: off.
