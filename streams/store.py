@@ -66,7 +66,6 @@ from .state import rollout_from_snapshot
 from .views import ResourcesView, RolloutsView, WorkersView
 from .workers import worker_status_for
 
-
 log = logging.getLogger("litstream.store")
 
 
