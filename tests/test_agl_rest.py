@@ -133,6 +133,11 @@ def test_spans_statistics_and_cors(base: str) -> None:
     _, stats, _, _ = agl(base, "/statistics")
     assert stats["total_spans"] == 1 and stats["total_rollouts"] == 1 and stats["total_span_bytes"] > 0
 
+    status, body, reason, _ = agl(base, "/nowhere")  # the router's own answers, in the reference's body shape
+    assert (status, body["detail"], reason) == (404, "Not Found", "Not Found")
+    status, body, _, headers = agl(base, "/statistics", "POST", {})
+    assert (status, body["detail"]) == (405, "Method Not Allowed") and "GET" in headers["Allow"]
+
     # CORS as the reference's server with this origin allowed: a preflight needs no token
     preflight = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
                  "Access-Control-Request-Headers": "authorization,content-type"}

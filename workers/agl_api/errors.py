@@ -12,6 +12,7 @@ validate is a 422 naming the first bad field.
 from __future__ import annotations
 
 import json
+import logging
 from http import HTTPStatus
 
 from aiohttp import web
@@ -20,6 +21,7 @@ from pydantic import ValidationError
 
 from litstream.streams.store import StoreError
 
+log = logging.getLogger("litstream.agl_api")
 _MAX_REASON = 1000  # a status line is no place for a novel
 
 
@@ -27,17 +29,18 @@ def reason_phrase(status: int, message: str) -> str:
     """The standard phrase with the message after it, on one line."""
     standard = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Error"
     flat = " ".join(message.split())
-    text = f"{standard}: {flat}" if flat else standard
+    text = f"{standard}: {flat}" if flat and flat != standard else standard
     return text if len(text) <= _MAX_REASON else text[:_MAX_REASON - 3] + "..."
 
 
 class HTTPFieldError(web.HTTPException):
     """A client error whose body is ``{"detail": ..., "field": ...}`` and whose reason phrase shows the message."""
 
-    def __init__(self, status: int, message: str, field: str | None = None) -> None:
+    def __init__(self, status: int, message: str, field: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         self.status_code = status
         super().__init__(text=json.dumps({"detail": message, "field": field}), content_type="application/json",
-                         reason=reason_phrase(status, message))
+                         reason=reason_phrase(status, message), headers=headers)
 
 
 def invalid(exc: ValidationError, status: int = 422) -> HTTPFieldError:
@@ -59,3 +62,12 @@ async def error_mapping(request: web.Request, handler: Handler) -> web.StreamRes
     except StoreError as exc:
         raise web.HTTPServiceUnavailable(text=json.dumps({"detail": str(exc)}), content_type="application/json",
                                          reason=reason_phrase(503, str(exc))) from None
+    except web.HTTPException as exc:
+        if exc.content_type == "application/json":
+            raise
+        # the router's own 404 and 405, in the reference's body shape ({"detail": "Not Found"})
+        allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        raise HTTPFieldError(exc.status, exc.reason, headers=allow) from None
+    except Exception as exc:  # a bug of ours: a 500 the stock client retries, with the reference's body shape
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        raise HTTPFieldError(500, "Internal server error") from exc
