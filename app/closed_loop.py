@@ -46,7 +46,7 @@ class LoopDemoConfig:
     concurrency: int = 8  # agent slots per runner
     group_size: int = 8
     groups_per_step: int = 16
-    in_flight: int = 256  # rollouts enqueued and not yet finished
+    in_flight: int | None = None  # rollouts enqueued and not yet finished; None: two training windows' worth
     max_staleness: int = 3
     lr: float = 1e-3
     epochs: int = 4
@@ -142,6 +142,7 @@ def _drive(settings: Settings, stack: Stack, cfg: LoopDemoConfig, console: Conso
 
     outstanding: set[str] = set()
     finished: dict[str, str] = {}
+    in_flight = cfg.in_flight or 2 * cfg.groups_per_step * cfg.group_size
     deadline = time.monotonic() + cfg.minutes * 60
     try:
         with StateView(settings) as view, Progress(
@@ -151,7 +152,7 @@ def _drive(settings: Settings, stack: Stack, cfg: LoopDemoConfig, console: Conso
             bar = progress.add_task("policy versions", total=cfg.steps)
             version = 0
             while version < cfg.steps and time.monotonic() < deadline:
-                while len(outstanding) + cfg.group_size <= cfg.in_flight:
+                while len(outstanding) + cfg.group_size <= in_flight:
                     task = toy_task.make_task(rng)
                     group = f"g-{uuid.uuid4().hex[:12]}"
                     for _ in range(cfg.group_size):
