@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 from aiohttp import web
 from pydantic import BaseModel
 
 from litstream.schemas.models import Span
+from litstream.streams.store import check_span_ids
 
 from ..attributes import check_span_limits
 from .errors import HTTPFieldError
 from .http import Page, check_page, created, dump, parse, parse_body, query_params, read_body, store_of
 
 routes = web.RouteTableDef()
-_HEX = {32: re.compile(r"[0-9a-f]{32}"), 16: re.compile(r"[0-9a-f]{16}")}
 
 
 class QuerySpans(Page):
@@ -38,24 +37,10 @@ class NextSequenceRequest(BaseModel):
     attempt_id: str
 
 
-def _check_id(value: str | None, digits: int, field: str) -> None:
-    """OpenTelemetry's ids are lowercase hex of a fixed width; the reference stores any string, litstream's span
-    tables and OTLP need the real thing."""
-    if value is not None and not _HEX[digits].fullmatch(value):
-        raise HTTPFieldError(400, f"{field} must be {digits} lowercase hex digits (an OpenTelemetry id), "
-                             f"got {value[:80]!r}", field)
-
-
-def check_ids(span: Span) -> None:
-    _check_id(span.trace_id, 32, "trace_id")
-    _check_id(span.span_id, 16, "span_id")
-    _check_id(span.parent_id, 16, "parent_id")
-
-
 @routes.post("/spans")
 async def add_span(request: web.Request) -> web.Response:
     span = await parse_body(request, Span)
-    check_ids(span)
+    check_span_ids(span)  # before the limits: a bad id is the clearer refusal
     try:
         check_span_limits(span)  # over the limits it could not be one Kafka message
     except ValueError as exc:
