@@ -114,8 +114,8 @@ def _ch_reader(settings: Settings, wait_s: float = 30.0) -> Any:
 @click.option("--minutes", default=5.0, show_default=True, help="Time budget for training.")
 @click.option("--runners", default=2, show_default=True, help="Runner processes.")
 @click.option("--concurrency", default=8, show_default=True, help="Agent slots per runner.")
-@click.option("--group-size", default=4, show_default=True, help="Rollouts per task (a GRPO group).")
-@click.option("--groups-per-step", default=8, show_default=True, help="Groups per training step.")
+@click.option("--group-size", default=8, show_default=True, help="Rollouts per task (a GRPO group).")
+@click.option("--groups-per-step", default=16, show_default=True, help="Groups per training step.")
 @click.option("--plot", type=click.Path(path_type=Path), default=None,
               help="Where to write the reward-curve PNG (default .litstream/demo/reward_curve.png).")
 @click.option("--seed", default=0, show_default=True)
