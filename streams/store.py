@@ -6,7 +6,8 @@ the result (read-your-writes), so ``enqueue_rollout`` followed by ``get_rollout_
 
 Differences from the reference, on purpose: terminal rollout states are final (a late change is an error, not
 a resurrection); a span or sequence id for an unknown rollout is an error; span duplicates are recognised
-within this store's own writes (any others collapse in ClickHouse, see the README).
+within this store's own writes (any others collapse in ClickHouse, see docs/api.md, "SQL and the ClickHouse
+tables").
 """
 
 from __future__ import annotations
