@@ -195,9 +195,11 @@ class Codec:
         if body.tell() != len(data) - offset:
             raise DecodeError(f"corrupt {name} body: {len(data) - offset - body.tell()} trailing bytes")
         try:
-            return cls.model_validate(rec)
+            return cls.from_record(rec)
         except ValidationError as exc:
             raise DecodeError(f"invalid {name}: {_first_error(exc)}") from None
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:  # e.g. a JSON field that is not JSON
+            raise DecodeError(f"invalid {name}: {type(exc).__name__}: {exc}") from None
 
     def decode_as(self, data: bytes | None, cls: type[M]) -> M:
         record = self.decode(data)

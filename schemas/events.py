@@ -12,7 +12,8 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, ClassVar, Literal
+from types import UnionType
+from typing import Any, ClassVar, Literal, Self, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -52,26 +53,118 @@ class AvroModel(BaseModel):
         return self
 
     def to_record(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for name in type(self).model_fields:
-            value = getattr(self, name)
-            if name in self.json_fields:
-                out[f"{name}_json"] = _dumps(value)
-            else:
-                out[name] = _avro_value(value)
-        return out
+        """The Avro record: pydantic's own (compiled) dump, then each JSON field, however deep, as its string."""
+        return _plan_of(type(self)).dump(self.model_dump())
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Self:
+        """The model of a record the codec decoded, without validating it again.
+
+        Records on the log were validated where they were made (every producer builds the model); decoding them
+        is on every consumer's hot path. Raises ValueError when a JSON field is not JSON.
+        """
+        return _plan_of(cls).load(record)  # type: ignore[return-value]
 
 
-def _avro_value(value: Any) -> Any:
-    if isinstance(value, AvroModel):
-        return value.to_record()
-    if isinstance(value, BaseModel):
-        return value.model_dump()
-    if isinstance(value, (list, tuple)):
-        return [_avro_value(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _avro_value(v) for k, v in value.items()}
-    return value
+# --- fast paths between models and Avro records ---------------------------------------------------------------
+# For each model class, which fields need more than a copy: JSON fields (a string on the wire) and nested models
+# (a dict on the wire). Computed once per class from the pydantic field annotations.
+
+
+def _strip_optional(annotation: Any) -> Any:
+    if get_origin(annotation) in (Union, UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return annotation
+
+
+class _Nested:
+    """How a field holds a model: ``one`` model, a ``list`` of them, or a ``dict`` of them."""
+
+    def __init__(self, shape: str, cls: type[BaseModel]) -> None:
+        self.shape = shape
+        self.cls = cls
+
+    def load(self, value: Any) -> Any:
+        if value is None:
+            return None
+        plan = _plan_of(self.cls)
+        if self.shape == "one":
+            return plan.load(value)
+        if self.shape == "list":
+            return [plan.load(v) for v in value]
+        return {k: plan.load(v) for k, v in value.items()}
+
+    def dump(self, value: Any) -> Any:
+        plan = _plan_of(self.cls)
+        if value is None or not plan.dumps_json:
+            return value
+        if self.shape == "one":
+            return plan.dump(value)
+        if self.shape == "list":
+            return [plan.dump(v) for v in value]
+        return {k: plan.dump(v) for k, v in value.items()}
+
+
+def _nested(annotation: Any) -> _Nested | None:
+    annotation = _strip_optional(annotation)
+    origin, args = get_origin(annotation), get_args(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return _Nested("one", annotation)
+    if origin is list and args and isinstance(args[0], type) and issubclass(args[0], BaseModel):
+        return _Nested("list", args[0])
+    if origin is dict and len(args) == 2 and isinstance(args[1], type) and issubclass(args[1], BaseModel):
+        return _Nested("dict", args[1])
+    return None
+
+
+class _Plan:
+    """Model <-> Avro record for one class."""
+
+    def __init__(self, cls: type[BaseModel]) -> None:
+        self.cls = cls
+        self.names = tuple(cls.model_fields)
+        self.json_fields: tuple[str, ...] = tuple(sorted(getattr(cls, "json_fields", ())))
+        self.nested = {name: n for name, f in cls.model_fields.items() if (n := _nested(f.annotation)) is not None}
+        # A JSON field written as null by another version of a schema takes this model's default.
+        self.json_defaults = {name: cls.model_fields[name].get_default(call_default_factory=True)
+                              for name in self.json_fields}
+        self.dumps_json = bool(self.json_fields) or any(_plan_of(n.cls).dumps_json for n in self.nested.values())
+
+    def dump(self, data: dict[str, Any]) -> dict[str, Any]:
+        """``model_dump()`` output -> Avro record (in place)."""
+        for name in self.json_fields:
+            data[f"{name}_json"] = _dumps(data.pop(name))
+        for name, nested in self.nested.items():
+            data[name] = nested.dump(data[name])
+        return data
+
+    def load(self, record: dict[str, Any]) -> BaseModel:
+        """Avro record -> model, trusted (in place on the record)."""
+        for name in self.json_fields:
+            raw = record.pop(f"{name}_json", None)
+            record[name] = json.loads(raw) if raw is not None else self.json_defaults[name]
+        for name, nested in self.nested.items():
+            record[name] = nested.load(record[name])
+        if len(record) != len(self.names) or any(name not in record for name in self.names):
+            return self.cls.model_validate(record)  # another shape than this code's (evolution): the slow path
+        obj = self.cls.__new__(self.cls)
+        object.__setattr__(obj, "__dict__", record)
+        object.__setattr__(obj, "__pydantic_fields_set__", set(self.names))
+        object.__setattr__(obj, "__pydantic_extra__", None)
+        object.__setattr__(obj, "__pydantic_private__", None)
+        return obj
+
+
+_PLANS: dict[type[BaseModel], _Plan] = {}
+
+
+def _plan_of(cls: type[BaseModel]) -> _Plan:
+    plan = _PLANS.get(cls)
+    if plan is None:
+        plan = _PLANS[cls] = _Plan(cls)
+    return plan
 
 
 class EventMeta(AvroModel):
