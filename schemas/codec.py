@@ -150,8 +150,7 @@ class Codec:
             schema_id = self.registry.register(name, to_parsing_canonical_form(schema))
             buf.write(struct.pack(">bI", CONFLUENT_MAGIC, schema_id))
         else:
-            buf.write(SINGLE_OBJECT_MAGIC)
-            buf.write(fp)
+            buf.write(SINGLE_OBJECT_MAGIC + fp)
         fastavro.schemaless_writer(buf, schema, record.to_record())
         return buf.getvalue()
 
@@ -179,6 +178,23 @@ class Codec:
         raise DecodeError(f"not a litstream Avro message (first bytes {data[:4].hex() or 'empty'})")
 
     def decode(self, data: bytes | None) -> AvroModel:
+        cls, name, rec = self._read(data)
+        try:
+            return cls.from_record(rec)
+        except ValidationError as exc:
+            raise DecodeError(f"invalid {name}: {_first_error(exc)}") from None
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:  # e.g. a JSON field that is not JSON
+            raise DecodeError(f"invalid {name}: {type(exc).__name__}: {exc}") from None
+
+    def decode_record(self, data: bytes | None, cls: type[AvroModel]) -> dict[str, Any]:
+        """The Avro record itself (a dict, JSON fields still strings), no model: for consumers that only move
+        the data on (the sink's columns), where building models would be most of the work."""
+        got, name, rec = self._read(data)
+        if got is not cls:
+            raise DecodeError(f"expected {cls.__name__}, got {got.__name__}")
+        return rec
+
+    def _read(self, data: bytes | None) -> tuple[type[AvroModel], str, dict[str, Any]]:
         if not data:
             raise DecodeError("empty message")
         writer, offset = self._writer_schema(data)
@@ -194,12 +210,9 @@ class Codec:
             raise DecodeError(f"corrupt {name} body: {type(exc).__name__}: {exc}") from None
         if body.tell() != len(data) - offset:
             raise DecodeError(f"corrupt {name} body: {len(data) - offset - body.tell()} trailing bytes")
-        try:
-            return cls.from_record(rec)
-        except ValidationError as exc:
-            raise DecodeError(f"invalid {name}: {_first_error(exc)}") from None
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:  # e.g. a JSON field that is not JSON
-            raise DecodeError(f"invalid {name}: {type(exc).__name__}: {exc}") from None
+        if not isinstance(rec, dict):
+            raise DecodeError(f"corrupt {name} body: not a record")
+        return cls, name, rec
 
     def decode_as(self, data: bytes | None, cls: type[M]) -> M:
         record = self.decode(data)
