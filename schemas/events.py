@@ -140,11 +140,21 @@ class _Plan:
             data[name] = nested.dump(data[name])
         return data
 
+    def _parse_json(self, record: dict[str, Any]) -> dict[str, Any]:
+        """The record with each JSON field parsed, in the model's field order (a model dumps in its dict's)."""
+        out: dict[str, Any] = {}
+        for name in self.names:
+            if name in self.json_defaults:
+                raw = record.get(f"{name}_json")
+                out[name] = json.loads(raw) if raw is not None else self.json_defaults[name]
+            elif name in record:
+                out[name] = record[name]
+        return out
+
     def load(self, record: dict[str, Any]) -> BaseModel:
         """Avro record -> model, trusted (in place on the record)."""
-        for name in self.json_fields:
-            raw = record.pop(f"{name}_json", None)
-            record[name] = json.loads(raw) if raw is not None else self.json_defaults[name]
+        if self.json_fields:
+            record = self._parse_json(record)
         for name, nested in self.nested.items():
             record[name] = nested.load(record[name])
         if len(record) != len(self.names) or any(name not in record for name in self.names):
