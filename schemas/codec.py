@@ -151,7 +151,7 @@ class Codec:
             buf.write(struct.pack(">bI", CONFLUENT_MAGIC, schema_id))
         else:
             buf.write(SINGLE_OBJECT_MAGIC + fp)
-        fastavro.schemaless_writer(buf, schema, record.to_record())
+        fastavro.schemaless_writer(buf, schema, record.to_wire_record())
         return buf.getvalue()
 
     # -- decoding --

