@@ -140,6 +140,7 @@ class _Plan:
     def __init__(self, cls: type[BaseModel]) -> None:
         self.cls = cls
         self.names = tuple(cls.model_fields)
+        self.name_set = frozenset(self.names)
         self.json_fields: tuple[str, ...] = tuple(sorted(getattr(cls, "json_fields", ())))
         self.nested = {name: n for name, f in cls.model_fields.items() if (n := _nested(f.annotation)) is not None}
         # A JSON field written as null by another version of a schema takes this model's default.
@@ -177,15 +178,21 @@ class _Plan:
             record = self._parse_json(record)
         for name, nested in self.nested.items():
             record[name] = nested.load(record[name])
-        if len(record) != len(self.names) or any(name not in record for name in self.names):
+        if record.keys() != self.name_set:
             return self.cls.model_validate(record)  # another shape than this code's (evolution): the slow path
         obj = self.cls.__new__(self.cls)
-        object.__setattr__(obj, "__dict__", record)
-        object.__setattr__(obj, "__pydantic_fields_set__", set(self.names))
-        object.__setattr__(obj, "__pydantic_extra__", None)
-        object.__setattr__(obj, "__pydantic_private__", None)
+        _set_dict(obj, record)
+        _set_fields_set(obj, set(self.name_set))
+        _set_extra(obj, None)
+        _set_private(obj, None)
         return obj
 
+
+# pydantic's slots, set directly: what model_construct does, without its per-field loop.
+_set_dict = BaseModel.__dict__["__dict__"].__set__
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 _PLANS: dict[type[BaseModel], _Plan] = {}
 

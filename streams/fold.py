@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from pydantic import BaseModel
+
 from litstream.schemas.events import (
     AttemptHeartbeat,
     AttemptStarted,
@@ -33,6 +35,11 @@ from litstream.schemas.models import FINISHED, QUEUING, RUNNING
 from .state import AttemptState, RolloutState
 
 M = TypeVar("M", RolloutState, AttemptState)
+# pydantic's slots, set directly (see _evolve).
+_set_dict = BaseModel.__dict__["__dict__"].__set__
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 ATTEMPT_TERMINAL = frozenset({"failed", "succeeded"})
 ATTEMPT_UNHEALTHY = frozenset({"failed", "timeout", "unresponsive"})
@@ -82,12 +89,15 @@ def _evolve(model: M, changes: dict[str, Any]) -> M:
     """``model.model_copy(update=changes)`` without pydantic's generic copy (a third of the fold's time): a
     shallow copy of the fields with the changes, as model_copy makes it, for the fold's own frozen models."""
     new = model.__class__.__new__(model.__class__)
-    fields = dict(model.__dict__)
+    fields = model.__dict__.copy()
     fields.update(changes)
-    object.__setattr__(new, "__dict__", fields)
-    object.__setattr__(new, "__pydantic_fields_set__", model.__pydantic_fields_set__ | changes.keys())
-    object.__setattr__(new, "__pydantic_extra__", None)
-    object.__setattr__(new, "__pydantic_private__", None)
+    fields_set = model.__pydantic_fields_set__
+    if not changes.keys() <= fields_set:
+        fields_set = fields_set | changes.keys()  # else shared: a frozen model never changes its set
+    _set_dict(new, fields)
+    _set_fields_set(new, fields_set)
+    _set_extra(new, None)
+    _set_private(new, None)
     return new
 
 
