@@ -143,7 +143,12 @@ class Codec:
 
     # -- encoding --
     def encode(self, record: AvroModel) -> bytes:
-        name = type(record).avro_name  # type: ignore[attr-defined]
+        return self.encode_record(type(record).avro_name, record.to_wire_record())  # type: ignore[attr-defined]
+
+    def encode_record(self, name: str, record: dict[str, Any]) -> bytes:
+        """Encode an Avro record of type ``name`` that was built directly, without a model: for producers whose
+        input is already typed (the OTel exporter's spans). The builder owns the checks a model would make;
+        fastavro's writer still refuses a value its schema type cannot hold."""
         schema, fp = self._writers[name]
         buf = io.BytesIO()
         if self.registry is not None:
@@ -151,7 +156,7 @@ class Codec:
             buf.write(struct.pack(">bI", CONFLUENT_MAGIC, schema_id))
         else:
             buf.write(SINGLE_OBJECT_MAGIC + fp)
-        fastavro.schemaless_writer(buf, schema, record.to_wire_record())
+        fastavro.schemaless_writer(buf, schema, record)
         return buf.getvalue()
 
     # -- decoding --

@@ -130,7 +130,8 @@ _BRANCH: dict[type, str] = {str: "string", bool: "boolean", int: "long", float: 
                             list: "array"}
 
 
-def _tagged(attributes: dict[str, Any]) -> dict[str, Any]:
+def tagged_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
+    """Attribute values in fastavro's tuple notation: (union branch, value)."""
     return {k: (b, v) if (b := _BRANCH.get(type(v))) is not None else v for k, v in attributes.items()}
 
 
@@ -156,7 +157,7 @@ class _Plan:
             data[f"{name}_json"] = _dumps(data.pop(name))
         if tag:
             for name in self.attr_fields:
-                data[name] = _tagged(data[name])
+                data[name] = tagged_attributes(data[name])
         for name, nested in self.nested.items():
             data[name] = nested.dump(data[name], tag)
         return data
@@ -555,6 +556,11 @@ class EventFactory:
         """Identity fields for records that are not rollout-scoped (resources, workers)."""
         return {"event_id": uuid.uuid4().hex, "producer_id": self.producer_id, "producer_seq": self.next_seq(),
                 "timestamp_ns": time.time_ns()}
+
+    def meta_record(self, rollout_id: str) -> dict[str, Any]:
+        """:meth:`meta` as its Avro record, for producers that write records directly (the span exporter)."""
+        return {"event_id": uuid.uuid4().hex, "rollout_id": rollout_id, "producer_id": self.producer_id,
+                "producer_seq": self.next_seq(), "timestamp_ns": time.time_ns()}
 
     def meta(self, rollout_id: str) -> EventMeta:
         return EventMeta(
