@@ -25,3 +25,18 @@ def test_sasl_and_tls_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> N
 def test_plaintext_adds_nothing() -> None:
     s = Settings()
     assert security_config(s) == {} and faust_broker_credentials(s) == {}
+
+
+def test_a_misspelled_setting_is_refused_with_the_valid_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    from litstream.infra.settings import UnknownSettingError
+
+    monkeypatch.setenv("LITSTREAM_PARTITON", "3")
+    with pytest.raises(UnknownSettingError, match="LITSTREAM_PARTITON .did you mean LITSTREAM_PARTITIONS") as info:
+        Settings()
+    assert "LITSTREAM_BOOTSTRAP_SERVERS" in str(info.value)  # the full list of valid names
+
+
+def test_variables_of_tools_and_tests_are_not_settings_but_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LITSTREAM_FAILPOINTS", "")
+    monkeypatch.setenv("LITSTREAM_SLOW", "1")
+    assert Settings().partitions >= 1

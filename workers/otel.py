@@ -60,6 +60,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import format_span_id, format_trace_id
 
+from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings, get_settings
 from litstream.schemas.events import (
     AttemptHeartbeat,
@@ -70,7 +71,6 @@ from litstream.schemas.events import (
 )
 
 from .emitters import current_context
-from .producer import EventProducer
 from .sdk import SPAN_HEARTBEAT_S, AttemptContext
 
 log = logging.getLogger("litstream.otel")
@@ -145,13 +145,6 @@ def _sequence_attr(value: Any) -> int | None:
     if isinstance(value, str) and value.isdigit() and int(value) >= 1:
         return int(value)
     return None
-
-
-def _to_span_recorded(item: _Queued, producer: EventProducer) -> SpanRecorded:
-    """Map a finished OTel span to the event (the model: for callers that want one; the exporter writes the
-    record of :func:`span_record` directly)."""
-    record = span_record(item, producer.factory, tag=False)
-    return SpanRecorded.model_validate(record)
 
 
 def _tag(attributes: dict[str, AttrValue], tag: bool) -> dict[str, Any]:
