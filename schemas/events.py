@@ -147,9 +147,10 @@ class _Plan:
         # A JSON field written as null by another version of a schema takes this model's default.
         self.json_defaults = {name: cls.model_fields[name].get_default(call_default_factory=True)
                               for name in self.json_fields}
-        self.dumps_json = bool(self.json_fields) or any(_plan_of(n.cls).dumps_json for n in self.nested.values())
+        nested_plans = [_plan_of(n.cls) for n in self.nested.values()]
+        self.dumps_json: bool = bool(self.json_fields) or any(p.dumps_json for p in nested_plans)
         self.attr_fields: tuple[str, ...] = tuple(getattr(cls, "attr_fields", ()))
-        self.tags = bool(self.attr_fields) or any(_plan_of(n.cls).tags for n in self.nested.values())
+        self.tags: bool = bool(self.attr_fields) or any(p.tags for p in nested_plans)
 
     def dump(self, data: dict[str, Any], tag: bool = False) -> dict[str, Any]:
         """``model_dump()`` output -> Avro record (in place); ``tag``: attribute values in tuple notation."""
