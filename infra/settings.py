@@ -15,7 +15,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 PREFIX = "LITSTREAM_"
 # Variables with the prefix that are not settings of the pipeline: read by tests, benchmarks and tools.
 OTHER_VARIABLES = frozenset({"LITSTREAM_FAILPOINTS", "LITSTREAM_SLOW", "LITSTREAM_VLLM_PYTHON", "LITSTREAM_AGL_VENV",
-                             "LITSTREAM_MODEL_CACHE"})
+                             "LITSTREAM_MODEL_CACHE", "LITSTREAM_POLICY_UPSTREAM_API_KEY",
+                             "LITSTREAM_REQUIRE_BROWSER", "LITSTREAM_SCREENSHOTS"})
 
 
 class UnknownSettingError(ValueError):
@@ -75,6 +76,14 @@ class Settings(BaseSettings):
     gateway_host: str = "127.0.0.1"
     gateway_port: int = 8080
     gateway_token: SecretStr | None = None
+    # Origins a browser page may call the gateway from (CORS), comma-separated, or "*"; empty: CORS off.
+    gateway_cors_origins: str = ""
+
+    # The policy endpoint (`litstream policy-server`): where it listens, and the API key its callers must send
+    # (``Authorization: Bearer <key>``, what OpenAI clients send as ``api_key``); none: no check.
+    policy_server_host: str = "127.0.0.1"
+    policy_server_port: int = Field(8090, ge=0, le=65535)
+    policy_server_token: SecretStr | None = None
 
     # Each long-running process serves /metrics, /healthz and /readyz here (infra/metrics.py). Port 0 picks a
     # free one (recorded in the process's health beat), so the processes of one machine never collide; -1: off.

@@ -12,6 +12,8 @@ within this store's own writes (any others collapse in ClickHouse, see the READM
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -64,6 +66,9 @@ from litstream.schemas.models import (
 from .resources import to_records
 from .state import rollout_from_snapshot
 from .views import ResourcesView, RolloutsView, WorkersView
+from .workers import worker_status_for
+
+log = logging.getLogger("litstream.store")
 
 
 class _Unset:
@@ -73,20 +78,61 @@ class _Unset:
 
 UNSET: Any = _Unset()
 SortOrder = Literal["asc", "desc"]
+WORKER_WAIT_S = 10.0  # at most this long a write waits for its worker record
 
 
 class StoreError(RuntimeError):
     """The pipeline did not answer in time (a processor is down or far behind)."""
 
 
+class FieldError(ValueError):
+    """A value of one named field the store refuses."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+_HEX_ID = {32: re.compile(r"[0-9a-f]{32}"), 16: re.compile(r"[0-9a-f]{16}")}
+
+
+def check_span_ids(span: Span) -> None:
+    """OpenTelemetry's ids are lowercase hex of a fixed width; the reference stores any string, the span tables
+    and OTLP need the real thing (a :class:`FieldError` naming the field, never a dump of an internal event)."""
+    for field, digits in (("trace_id", 32), ("span_id", 16), ("parent_id", 16)):
+        value = getattr(span, field)
+        if value is not None and not _HEX_ID[digits].fullmatch(value):
+            raise FieldError(field, f"{field} must be {digits} lowercase hex digits (an OpenTelemetry id), "
+                             f"got {value[:80]!r}")
+
+
+def _sort_value(item: Any, sort_by: str) -> Any:
+    """The reference's sort key: a missing ``*_time`` sorts as infinity (last ascending), any other missing value
+    as its type's zero (``""``, 0, 0.0: first ascending)."""
+    value = getattr(item, sort_by, None)
+    if sort_by.endswith("_time"):
+        return float("inf") if value is None else value
+    if value is not None:
+        return value
+    fields = type(item).model_fields
+    if sort_by not in fields:
+        raise FieldError("sort_by", f"Failed to sort items by '{sort_by}': field does not exist on {type(item).__name__}")
+    annotation = str(fields[sort_by].annotation)
+    for marker, zero in (("str", ""), ("Literal", ""), ("int", 0), ("float", 0.0)):
+        if marker in annotation:
+            return zero
+    raise FieldError("sort_by", f"Failed to sort items by '{sort_by}': unsupported field type {annotation!r}")
+
+
 def _paginate(items: list[Any], sort_by: str | None, sort_order: SortOrder, limit: int, offset: int) -> PaginatedResult[Any]:
-    if limit == 0:
-        raise ValueError("limit must be -1 (all) or positive")
+    if limit == 0 or limit < -1:
+        raise FieldError("limit", "Limit must be greater than 0 or -1 for no limit")
     if sort_by:
-        def key(x: Any) -> tuple[int, Any]:
-            v = getattr(x, sort_by, None)
-            return (v is None, v if v is not None else 0)
-        items = sorted(items, key=key, reverse=sort_order == "desc")
+        try:
+            items = sorted(items, key=lambda x: _sort_value(x, sort_by), reverse=sort_order == "desc")
+        except TypeError:
+            raise FieldError("sort_by", f"cannot sort by {sort_by!r}: its values are not comparable (objects or "
+                             "mixed types)") from None
     total = len(items)
     page = items[offset:] if limit < 0 else items[offset:offset + limit]
     return PaginatedResult(items=page, limit=limit, offset=offset, total=total)
@@ -138,11 +184,35 @@ class LitStore:
     # -- writing through the log ---------------------------------------------------------------------------
 
     async def _write(self, event: Event) -> RolloutSnapshot:
-        """Produce a lifecycle event and return the snapshot that followed it (accepted or not)."""
+        """Produce a lifecycle event and return the snapshot that followed it (accepted or not), once the worker
+        records it changed show the change too."""
+        before = self.rollouts.snapshots.get(event.rollout_id)
         fut = self.rollouts.expect(event.meta.event_id)
         self.events.send(self.events.topics.rollout_events, event)
         await asyncio.to_thread(self.events.flush)
-        return await self._outcome(fut, event)
+        after = await self._outcome(fut, event)
+        if after.last_accepted:
+            await self._workers_caught_up([(before, after)])
+        return after
+
+    async def _workers_caught_up(self, changes: list[tuple[RolloutSnapshot | None, RolloutSnapshot]]) -> None:
+        """Read-your-writes of workers: the lifecycle processor tells the workers topic of every attempt whose status
+        or worker changed, right after the snapshot; wait until this store's view has those observations (bounded:
+        a late observation is applied when it comes, it does not fail a write that was accepted)."""
+        wanted: set[tuple[str, str, str]] = set()
+        for before, after in changes:
+            old = {a.attempt_id: a for a in before.attempts} if before is not None else {}
+            for a in after.attempts:
+                prev = old.get(a.attempt_id)
+                if a.worker_id and (prev is None or (prev.status, prev.worker_id) != (a.status, a.worker_id)):
+                    wanted.add((a.worker_id, a.attempt_id, worker_status_for(a.status)))
+        if not wanted:
+            return
+
+        def seen() -> bool | None:
+            return True if all(w in self.workers.observed for w in wanted) else None
+
+        await asyncio.to_thread(self.workers.wait_for, seen, min(self.wait_s, WORKER_WAIT_S))
 
     async def _outcome(self, fut: Future[RolloutSnapshot], event: Event) -> RolloutSnapshot:
         try:
@@ -227,6 +297,7 @@ class LitStore:
                 claims = [AttemptStarted(meta=self.events.factory.meta(o.rollout_id), attempt_id=new_attempt_id(),
                                          sequence_id=o.attempt_sequence, start_time=time.time(), worker_id=worker_id)
                           for o, _ in offers]
+                befores = [self.rollouts.snapshots.get(o.rollout_id) for o, _ in offers]
                 futures = [self.rollouts.expect(c.meta.event_id) for c in claims]
                 for c in claims:
                     self.events.send(self.events.topics.rollout_events, c)
@@ -238,6 +309,7 @@ class LitStore:
                     ends[partition] = max(ends.get(partition, -1), offset + 1)
                 tps = [TopicPartition(self.events.topics.offers, p, o) for p, o in ends.items()]
                 await asyncio.to_thread(self._offers.commit, offsets=tps, asynchronous=False)
+                await self._workers_caught_up([(b, a) for b, a in zip(befores, snaps) if a.last_accepted])
                 for snap in snaps:
                     if snap.last_accepted:
                         result = rollout_from_snapshot(snap)
@@ -442,6 +514,7 @@ class LitStore:
         batch: list[tuple[_SpanKey, int, bytes, Span]] = []
         seen: set[_SpanKey] = set()
         for span in spans:  # check and encode the whole batch first: a bad span must not leave it half written
+            check_span_ids(span)
             key = self._new_span(span.rollout_id, span.attempt_id, span.span_id, seen)
             if key is not None:
                 batch.append((key, span.sequence_id, self.codec.encode(self._span_event(span)), span))
@@ -619,10 +692,25 @@ class LitStore:
         return _paginate(items, sort_by, sort_order, limit, offset)
 
     async def statistics(self) -> dict[str, Any]:
+        """The reference's statistics; ``total_spans`` and ``total_span_bytes`` count the spans ClickHouse holds
+        (each once, however often it was delivered), ``None`` while the span sink does not answer."""
         snaps = self.rollouts.snapshots.values()
+        spans, span_bytes = await self._span_totals()
         return {"name": "LitStore", "total_rollouts": len(snaps), "total_attempts": sum(len(s.attempts) for s in snaps),
+                "total_spans": spans, "total_span_bytes": span_bytes,
                 "total_resources": len(self.resources.state.by_id), "total_workers": len(self.workers.workers),
                 "uptime": time.time() - self._started}
+
+    async def _span_totals(self) -> tuple[int | None, int | None]:
+        sql = "SELECT count(), sum(length(raw_json)) FROM spans FINAL"
+        try:
+            res = await asyncio.to_thread(clickhouse.query, self.settings.resolved_clickhouse_dsn, sql,
+                                          may_open=False, wait_s=2.0)
+        except Exception as exc:  # noqa: BLE001 (the sink restarting or a server away: say so, do not fail)
+            log.warning("statistics: no span totals from ClickHouse: %s", str(exc).splitlines()[0][:300])
+            return None, None
+        count, size = res.rows[0]
+        return int(count), int(size)
 
 
 def _quote(value: str) -> str:
@@ -649,4 +737,4 @@ def span_from_record(s: SpanRecorded) -> Span:
     )
 
 
-__all__ = ["LitStore", "UNSET", "StoreError", "span_from_record"]
+__all__ = ["check_span_ids", "FieldError", "LitStore", "UNSET", "StoreError", "span_from_record"]

@@ -18,7 +18,8 @@ from litstream.infra.settings import Settings
 COMMANDS = [[], ["demo"], ["up"], ["status"], ["topics"], ["topics", "create"], ["topics", "list"], ["process"],
             ["process", "lifecycle"], ["process", "span-sink"], ["process", "triplets"], ["process", "trainer"],
             ["runner"], ["gateway"], ["rollouts"], ["rollout"], ["rollout", "show"], ["cancel"], ["dlq"],
-            ["dlq", "tail"], ["sql"], ["report"], ["replay"], ["enqueue"], ["healthcheck"]]
+            ["dlq", "tail"], ["sql"], ["report"], ["replay"], ["enqueue"], ["healthcheck"],
+            ["policy-server"]]
 
 
 def run(*args: str, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:

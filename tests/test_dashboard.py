@@ -226,7 +226,7 @@ def sql_console_answers(page: Any, base: str) -> None:
     page.fill("#sql-query", "DROP TABLE spans")
     page.click("#sql-run")
     page.wait_for_function("document.querySelector('#sql-result .error') && "
-                           "/readonly|Cannot execute/i.test(document.querySelector('#sql-result .error').innerText)")
+                           "/read-only|readonly|Cannot execute/i.test(document.querySelector('#sql-result .error').innerText)")
 
 
 def test_dashboard_in_a_browser(stack: tuple[str, Settings], browser_page: Any) -> None:
