@@ -6,7 +6,8 @@ the result (read-your-writes), so ``enqueue_rollout`` followed by ``get_rollout_
 
 Differences from the reference, on purpose: terminal rollout states are final (a late change is an error, not
 a resurrection); a span or sequence id for an unknown rollout is an error; span duplicates are recognised
-within this store's own writes (any others collapse in ClickHouse, see the README).
+within this store's own writes (any others collapse in ClickHouse, see docs/api.md, "SQL and the ClickHouse
+tables").
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from litstream.schemas.events import (
     SpanLinkRecord,
     SpanRecorded,
     WorkerObserved,
+    tagged_attributes,
 )
 from litstream.schemas.models import (
     FINISHED,
@@ -143,6 +145,9 @@ def _attempt(snap: RolloutSnapshot, a: Any) -> Attempt:
                    last_heartbeat_time=a.last_heartbeat_time, metadata=a.metadata)
 
 
+_SpanKey = tuple[str, str, str]  # rollout id, attempt id, span id
+
+
 class LitStore:
     """Async, like the reference; safe to share between tasks of one event loop."""
 
@@ -157,7 +162,7 @@ class LitStore:
         self._offers: Any = None
         self._offer_ends = PartitionEnds()  # offer partitions read to their end: the queue is empty there
         self._dequeue_lock = asyncio.Lock()
-        self._span_keys: OrderedDict[tuple[str, str, str], None] = OrderedDict()  # own writes, bounded
+        self._span_keys: OrderedDict[_SpanKey, None] = OrderedDict()  # own writes, bounded
         self._span_offsets: dict[int, int] = {}  # spans partition -> highest offset this store wrote
         self._started = time.time()
 
@@ -507,33 +512,69 @@ class LitStore:
 
     async def add_many_spans(self, spans: Sequence[Span]) -> list[Span]:
         """Record spans; each counts as a heartbeat of its attempt. Returns those not already added."""
-        batch: list[tuple[Span, bytes]] = []
-        seen: set[tuple[str, str, str]] = set()
+        batch: list[tuple[_SpanKey, int, bytes, Span]] = []
+        seen: set[_SpanKey] = set()
         for span in spans:  # check and encode the whole batch first: a bad span must not leave it half written
             check_span_ids(span)
-            snap = self._known(span.rollout_id)
-            if all(a.attempt_id != span.attempt_id for a in snap.attempts):
-                raise ValueError(f"Attempt {span.attempt_id} not found for rollout {span.rollout_id}")
-            key = (span.rollout_id, span.attempt_id, span.span_id)
-            if key in self._span_keys or key in seen:
-                continue  # a duplicate of a span this store already wrote
-            seen.add(key)
-            batch.append((span, self.codec.encode(self._span_event(span))))
+            key = self._new_span(span.rollout_id, span.attempt_id, span.span_id, seen)
+            if key is not None:
+                batch.append((key, span.sequence_id, self.codec.encode(self._span_event(span)), span))
+        await self._write_spans([(key, seq, value) for key, seq, value, _ in batch])
+        return [span for *_, span in batch]
+
+    async def add_span_records(self, records: Sequence[dict[str, Any]]) -> int:
+        """:meth:`add_many_spans` for an ingest edge that builds SpanRecorded Avro records itself (OTLP), checked
+        there: each record without ``meta`` (added here), its rollout id in ``rollout_id``. Returns how many were
+        new."""
+        batch: list[tuple[_SpanKey, int, bytes]] = []
+        seen: set[_SpanKey] = set()
+        for rec in records:
+            rid = rec.pop("rollout_id")
+            key = self._new_span(rid, rec["attempt_id"], rec["span_id"], seen)
+            if key is None:
+                continue
+            batch.append((key, rec["sequence_id"], self.codec.encode_record(SpanRecorded.avro_name,
+                                                                             self._span_wire_record(rid, rec))))
+        await self._write_spans(batch)
+        return len(batch)
+
+    def _span_wire_record(self, rollout_id: str, rec: dict[str, Any]) -> dict[str, Any]:
+        """The record with this store's meta and the rollout's resources, attribute values tagged for the
+        writer (new dicts: the caller's may be shared, e.g. one resource by every span of a request)."""
+        snap = self.rollouts.snapshots.get(rollout_id)
+
+        def tag(part: dict[str, Any]) -> dict[str, Any]:
+            return {**part, "attributes": tagged_attributes(part["attributes"])}
+
+        return {"meta": self.events.factory.meta_record(rollout_id), **tag(rec), "resource": tag(rec["resource"]),
+                "events": [tag(e) for e in rec["events"]], "links": [tag(ln) for ln in rec["links"]],
+                "resources_id": snap.resources_id if snap is not None else None}
+
+    def _new_span(self, rollout_id: str, attempt_id: str, span_id: str, seen: set[_SpanKey]) -> _SpanKey | None:
+        """The span's key, or None for a duplicate of one this store wrote; an unknown attempt is an error."""
+        snap = self._known(rollout_id)
+        if all(a.attempt_id != attempt_id for a in snap.attempts):
+            raise ValueError(f"Attempt {attempt_id} not found for rollout {rollout_id}")
+        key = (rollout_id, attempt_id, span_id)
+        if key in self._span_keys or key in seen:
+            return None
+        seen.add(key)
+        return key
+
+    async def _write_spans(self, batch: list[tuple[_SpanKey, int, bytes]]) -> None:
+        """Produce encoded spans and one heartbeat per attempt (carrying its counter), then flush."""
         beats: dict[tuple[str, str], int] = {}
-        for span, value in batch:
-            self.events.produce_raw(self.events.topics.spans, span.rollout_id.encode(), value,
-                                    on_delivery=self._on_span_delivered)
-            k = (span.rollout_id, span.attempt_id)
-            beats[k] = max(beats.get(k, 0), span.sequence_id)
-        for (rid, aid), max_seq in beats.items():  # one heartbeat per attempt per batch, carrying the counter
+        for (rid, aid, _), seq, value in batch:
+            self.events.produce_raw(self.events.topics.spans, rid.encode(), value, on_delivery=self._on_span_delivered)
+            beats[(rid, aid)] = max(beats.get((rid, aid), 0), seq)
+        for (rid, aid), max_seq in beats.items():
             self.events.send(self.events.topics.rollout_events, AttemptHeartbeat(
                 meta=self.events.factory.meta(rid), attempt_id=aid, time=time.time(), max_sequence_id=max_seq))
         await asyncio.to_thread(self.events.flush)
-        for span, _ in batch:  # only spans on Kafka count as added: a failed call can be retried
-            self._span_keys[(span.rollout_id, span.attempt_id, span.span_id)] = None
+        for key, _, _ in batch:  # only spans on Kafka count as added: a failed call can be retried
+            self._span_keys[key] = None
         while len(self._span_keys) > 200_000:
             self._span_keys.popitem(last=False)
-        return [span for span, _ in batch]
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None, *, trace_id: str | None = None,
                           trace_id_contains: str | None = None, span_id: str | None = None,

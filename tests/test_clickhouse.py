@@ -312,6 +312,19 @@ def test_owner_without_api_gives_a_clear_error(tmp_path: Path, monkeypatch: pyte
         proc.wait()
 
 
+def test_span_columns_from_records_equal_those_from_models() -> None:
+    """The sink builds its columns from decoded Avro records, without models: the same values, raw_json too."""
+    from litstream.schemas.codec import Codec
+    from litstream.schemas.events import SpanRecorded
+    from litstream.streams.span_rows import span_record_columns
+
+    codec = Codec()
+    spans = [span(i) for i in range(1, 4)]
+    records = [codec.decode_record(codec.encode(s), SpanRecorded) for s in spans]
+    assert span_record_columns(records, 7) == span_columns(spans, 7)
+    assert span_record_columns(records, 7)[-1] == [s.model_dump_json() for s in spans]
+
+
 def test_an_empty_result_keeps_its_columns(ch: ClickHouse) -> None:
     res = ch.user_query("SELECT SpanName, count() AS n FROM spans FINAL GROUP BY SpanName")
     assert res.columns == ["SpanName", "n"] and res.rows == []

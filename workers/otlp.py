@@ -46,15 +46,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 
 from litstream.infra import metrics
 from litstream.schemas.events import AttrValue
-from litstream.schemas.models import (
-    AttributeValue,
-    Event,
-    Link,
-    OtelResource,
-    Span,
-    SpanContext,
-    TraceStatus,
-)
+from litstream.schemas.models import AttributeValue
 from litstream.streams.store import LitStore, StoreError
 
 from .attributes import attributes_bytes, check_span_attributes
@@ -72,7 +64,6 @@ MISSING_IDS = (f"no {ROLLOUT_ID} in the span's or its resource's attributes (set
 
 _STATUS_CODES = {0: "UNSET", 1: "OK", 2: "ERROR"}
 _RPC_CODES = {400: 3, 413: 8, 415: 3, 501: 12, 503: 14}  # google.rpc.Code for Status.code, for troubleshooting
-_HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200  # SpanFlags bits
 _GZIP_MAGIC = b"\x1f\x8b"
 _CATCH_UP_S = 5.0
 _MAX_REASONS = 5
@@ -93,16 +84,18 @@ class _Rejected(Exception):
 
 @dataclass
 class Draft:
-    """A span whose ids are read but whose sequence id may still have to be allocated."""
+    """A span whose ids are read but whose sequence id may still have to be allocated: the SpanRecorded Avro
+    record without its ``meta`` and ``sequence_id`` (see :meth:`LitStore.add_span_records`)."""
 
     rollout_id: str
     attempt_id: str | None  # None: the rollout's latest attempt, looked up before anything is written
     sequence_id: int | None
-    fields: dict[str, Any]  # every other field of the reference Span
+    record: dict[str, Any]
 
-    def to_span(self, sequence_id: int) -> Span:
-        assert self.attempt_id is not None, "attempt resolved before the span is made"
-        return Span(rollout_id=self.rollout_id, attempt_id=self.attempt_id, sequence_id=sequence_id, **self.fields)
+    def to_record(self, sequence_id: int) -> dict[str, Any]:
+        assert self.attempt_id is not None, "attempt resolved before the record is made"
+        return {**self.record, "rollout_id": self.rollout_id, "attempt_id": self.attempt_id,
+                "sequence_id": sequence_id}
 
 
 # -- decoding the body -------------------------------------------------------------------------------------------
@@ -265,27 +258,18 @@ def _hex_id(raw: bytes, size: int, field: str) -> str:
     return raw.hex()
 
 
-def _seconds(unix_nano: int) -> float | None:
-    return unix_nano / 1e9 if unix_nano else None
+def _link(link: ProtoSpan.Link) -> dict[str, Any]:
+    return {"trace_id": link.trace_id.hex(), "span_id": link.span_id.hex(), "trace_state": "",  # as the store keeps it
+            "attributes": attributes(link.attributes)}
 
 
-def _is_remote(flags: int) -> bool:
-    return flags & (_HAS_IS_REMOTE | _IS_REMOTE) == _HAS_IS_REMOTE | _IS_REMOTE
+def _event(event: ProtoSpan.Event) -> dict[str, Any]:
+    return {"name": event.name, "timestamp_ns": event.time_unix_nano or None, "attributes": attributes(event.attributes)}
 
 
-def _trace_state(header: str) -> dict[str, str]:
-    """W3C tracestate ``k1=v1,k2=v2``; malformed members are skipped."""
-    members = (m.strip().split("=", 1) for m in header.split(",") if "=" in m)
-    return {k: v for k, v in members if k}
-
-
-def _link(link: ProtoSpan.Link) -> Link:
-    context = SpanContext(trace_id=link.trace_id.hex(), span_id=link.span_id.hex(), is_remote=_is_remote(link.flags),
-                          trace_state=_trace_state(link.trace_state))
-    return Link(context=context, attributes=attributes(link.attributes))
-
-
-def _draft(span: ProtoSpan, resource_attrs: dict[str, AttrValue], resource: OtelResource) -> Draft:
+def _draft(span: ProtoSpan, resource_attrs: dict[str, AttrValue], resource: dict[str, Any]) -> Draft:
+    """The span as the SpanRecorded record, built straight from the protobuf (no model in between: what a
+    model would check is checked here, as the reference's Span fields were)."""
     attrs = with_token_aliases(attributes(span.attributes))  # the same readings as spans from the SDK processor
     rollout_id = _text_id(ROLLOUT_ID, attrs, resource_attrs)
     attempt_id = _text_id(ATTEMPT_ID, attrs, resource_attrs)
@@ -296,28 +280,25 @@ def _draft(span: ProtoSpan, resource_attrs: dict[str, AttrValue], resource: Otel
     trace_id = _hex_id(span.trace_id, 16, "trace_id")
     span_id = _hex_id(span.span_id, 8, "span_id")
     parent_id = _hex_id(span.parent_span_id, 8, "parent_span_id") if span.parent_span_id else None
-    events = [Event(name=e.name, attributes=attributes(e.attributes), timestamp=_seconds(e.time_unix_nano))
-              for e in span.events]
+    events = [_event(e) for e in span.events]
     links = [_link(ln) for ln in span.links]
     try:  # over the limits a span could not be one Kafka message
-        check_span_attributes(attrs, "attributes", sum(attributes_bytes(e.attributes) for e in events)
-                              + sum(attributes_bytes(ln.attributes) for ln in links) + attributes_bytes(resource.attributes))
+        check_span_attributes(attrs, "attributes", sum(attributes_bytes(e["attributes"]) for e in events)
+                              + sum(attributes_bytes(ln["attributes"]) for ln in links)
+                              + attributes_bytes(resource["attributes"]))
     except ValueError as exc:
         raise _Rejected(str(exc)) from None
-    fields: dict[str, Any] = {
-        "trace_id": trace_id, "span_id": span_id, "parent_id": parent_id, "name": span.name,
-        "status": TraceStatus(status_code=_STATUS_CODES.get(span.status.code, "UNSET"),
-                              description=span.status.message or None),
-        "attributes": attrs,
-        "events": events,
-        "links": links,
-        "start_time": _seconds(span.start_time_unix_nano), "end_time": _seconds(span.end_time_unix_nano),
-        "context": SpanContext(trace_id=trace_id, span_id=span_id, is_remote=_is_remote(span.flags),
-                               trace_state=_trace_state(span.trace_state)),
-        "parent": None,  # OTLP carries only the parent's span id (the reference sets null too)
-        "resource": resource,
+    start, end = span.start_time_unix_nano, span.end_time_unix_nano or None
+    if end is not None and end < start:
+        raise _Rejected("end_time_ns must not be before start_time_ns")
+    record = {
+        "attempt_id": attempt_id, "trace_id": trace_id, "span_id": span_id, "parent_id": parent_id,
+        "trace_state": "", "name": span.name, "kind": "INTERNAL",  # as the reference's Span: neither is kept
+        "status_code": _STATUS_CODES.get(span.status.code, "UNSET"), "status_message": span.status.message or None,
+        "start_time_ns": start, "end_time_ns": end, "attributes": attrs, "events": events, "links": links,
+        "resource": resource, "scope_name": "", "scope_version": "",
     }
-    return Draft(rollout_id, attempt_id, _sequence_id(attrs, resource_attrs), fields)
+    return Draft(rollout_id, attempt_id, _sequence_id(attrs, resource_attrs), record)
 
 
 def drafts_from_request(request: ExportTraceServiceRequest) -> tuple[list[Draft], Counter[str]]:
@@ -326,7 +307,7 @@ def drafts_from_request(request: ExportTraceServiceRequest) -> tuple[list[Draft]
     rejected: Counter[str] = Counter()
     for resource_spans in request.resource_spans:
         resource_attrs = attributes(resource_spans.resource.attributes)
-        resource = OtelResource(attributes=resource_attrs, schema_url=resource_spans.schema_url)
+        resource = {"attributes": resource_attrs, "schema_url": resource_spans.schema_url}
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
                 try:
@@ -384,9 +365,9 @@ async def ingest(store: LitStore, request: ExportTraceServiceRequest) -> tuple[i
     missing = [(d.rollout_id, str(d.attempt_id)) for d in drafts if d.sequence_id is None]
     try:
         allocated = iter(await store.get_many_span_sequence_ids(missing) if missing else [])
-        spans = [d.to_span(d.sequence_id if d.sequence_id is not None else next(allocated)) for d in drafts]
-        if spans:
-            await store.add_many_spans(spans)
+        records = [d.to_record(d.sequence_id if d.sequence_id is not None else next(allocated)) for d in drafts]
+        if records:
+            await store.add_span_records(records)
     except ValueError as exc:  # the store refused a span after all (an id it no longer knows, a field it cannot hold)
         raise OtlpError(400, str(exc)) from None
     return len(drafts), rejected
