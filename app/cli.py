@@ -108,17 +108,32 @@ def demo(model: str, steps: int, minutes: float, runners: int, concurrency: int,
 @click.option("--train/--no-train", default=False,
               help="Also run the triplet processor and the GRPO trainer (tiny policy); with --runners, the runner "
                    "runs the policy agent.")
-def up(runners: bool, with_gateway: bool, train: bool) -> None:
-    """Run the embedded broker and every processor in the foreground; Ctrl-C stops them all."""
+@click.option("--ephemeral", is_flag=True,
+              help="Keep the broker's log in memory (faster; lost when the stack stops) instead of on disk under "
+                   "the data dir. Same as LITSTREAM_BROKER_STORAGE=memory.")
+def up(runners: bool, with_gateway: bool, train: bool, ephemeral: bool) -> None:
+    """Run the embedded broker and every processor in the foreground; Ctrl-C stops them all.
+
+    The broker's log is kept on disk under the data dir (LITSTREAM_DATA_DIR, default .litstream): stop the stack
+    and start it again, and every rollout, span, resource and offset is still there.
+
+    \b
+    Example:
+      litstream up --runners              # log in .litstream/log, kept across restarts
+      litstream up --ephemeral            # log in memory
+    """
     from .stack import Stack
 
     settings = Settings()
+    if ephemeral:
+        settings = settings.model_copy(update={"broker_storage": "memory"})
     stack = Stack(settings, echo=sys.stdout)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         bootstrap = stack.start_broker()
         created = stack.create_topics()
-        console.print(f"[bold]broker[/] on {bootstrap} ({len(created)} topics created); "
+        console.print(f"[bold]broker[/] on {bootstrap} ({len(created)} topics created; log "
+                      f"{'on disk' if settings.broker_storage == 'durable' else 'in memory'}); "
                       f"data in {settings.data_dir.resolve()}")
         stack.start("lifecycle", "process", "lifecycle")
         stack.start("span-sink", "process", "span-sink")
@@ -168,6 +183,7 @@ def status() -> None:
     except ConnectionError as exc:
         table.add_row("broker", "[red]down[/]", str(exc))
         ok = False
+    _log_disk_row(table, settings)
     for role in ("lifecycle", "span-sink", "triplets", "trainer", "gateway", "runner"):
         info = health.read(settings.data_dir, role)
         if info is None:
@@ -184,6 +200,27 @@ def status() -> None:
         ok = False
     console.print(table)
     sys.exit(0 if ok else 1)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.1f} MB"
+
+
+def _log_disk_row(table: Table, settings: Settings) -> None:
+    """Disk used by each topic of the durable log under the data dir (none on memory storage or a remote broker)."""
+    import shutil
+
+    from litstream.infra.log_storage import MIN_FREE_BYTES, disk_per_topic
+
+    used = {t: n for t, n in disk_per_topic(settings.data_dir).items() if t.startswith(settings.topic_prefix)}
+    if not used:
+        return
+    free = shutil.disk_usage(settings.data_dir).free
+    per_topic = ", ".join(f"{t.removeprefix(settings.topic_prefix + '.')} {_mb(n)}"
+                          for t, n in sorted(used.items(), key=lambda kv: -kv[1]))
+    state = "[green]ok[/]" if free >= MIN_FREE_BYTES else "[red]disk full[/]"
+    table.add_row("log on disk", state, f"{_mb(sum(used.values()))} in {settings.data_dir / 'log'} "
+                                        f"({_mb(free)} free): {per_topic}")
 
 
 def _redact(dsn: str) -> str:

@@ -16,6 +16,7 @@ from typing import IO, Any
 from litstream.infra import health
 from litstream.infra.broker import EmbeddedBroker
 from litstream.infra.kafka import create_topics, wait_for_broker
+from litstream.infra.log_storage import DURABLE_FETCH_WAIT_MS, EmbeddedLog
 from litstream.infra.settings import Settings
 
 STACK_FILE = "stack.json"
@@ -92,16 +93,24 @@ class Stack:
         self.settings = settings
         self.echo = echo
         self.broker: EmbeddedBroker | None = None
+        self.log: EmbeddedLog | None = None
         self.roles: dict[str, RoleProcess] = {}
         self.log_dir = settings.data_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
 
     def start_broker(self) -> str:
-        # The embedded broker keeps its log in memory and starts empty: local copies of tables built from an
-        # earlier log (the lifecycle processor's RocksDB store) belong to that log, not to this one.
-        shutil.rmtree(self.settings.data_dir / "faust", ignore_errors=True)
-        self.broker = EmbeddedBroker(log_path=self.log_dir / "broker.log").start()
-        self.settings = self.settings.model_copy(update={"bootstrap_servers": self.broker.bootstrap})
+        """The embedded broker on the settings' storage (``broker_storage``), its storage server first."""
+        log = EmbeddedLog(self.settings.broker_storage, self.settings.data_dir, self.log_dir)
+        if not log.durable or not log.root.exists():
+            # A log that starts empty: local copies of tables built from an earlier log (the lifecycle
+            # processor's RocksDB store) belong to that log, not to this one.
+            shutil.rmtree(self.settings.data_dir / "faust", ignore_errors=True)
+        self.log = log
+        self.broker = log.start()
+        update: dict[str, object] = {"bootstrap_servers": self.broker.bootstrap}
+        if log.durable and "local_fetch_wait_ms" not in self.settings.model_fields_set:
+            update["local_fetch_wait_ms"] = DURABLE_FETCH_WAIT_MS  # each fetch lists objects on the S3 server
+        self.settings = self.settings.model_copy(update=update)
         write_stack_file(self.settings, self.broker)
         return self.broker.bootstrap
 
@@ -130,8 +139,8 @@ class Stack:
     def stop(self) -> None:
         for proc in reversed(list(self.roles.values())):
             proc.stop()
-        if self.broker is not None:
-            self.broker.stop()
+        if self.log is not None:
+            self.log.stop()
             (self.settings.data_dir / STACK_FILE).unlink(missing_ok=True)
 
     def __enter__(self) -> Stack:
