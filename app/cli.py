@@ -207,20 +207,23 @@ def _mb(n: int) -> str:
 
 
 def _log_disk_row(table: Table, settings: Settings) -> None:
-    """Disk used by each topic of the durable log under the data dir (none on memory storage or a remote broker)."""
+    """Disk used by the data dir's parts: the durable log, chDB, the processors' local tables. (The durable log is
+    one snapshot file for every topic: no size per topic to read.)"""
     import shutil
 
-    from litstream.infra.log_storage import MIN_FREE_BYTES, disk_per_topic
+    from litstream.infra.log_storage import MIN_FREE_BYTES
 
-    used = {t: n for t, n in disk_per_topic(settings.data_dir).items() if t.startswith(settings.topic_prefix)}
-    if not used:
+    parts = {name: _dir_bytes(settings.data_dir / name) for name in ("log", "chdb", "faust")}
+    if not settings.data_dir.is_dir() or not any(parts.values()):
         return
     free = shutil.disk_usage(settings.data_dir).free
-    per_topic = ", ".join(f"{t.removeprefix(settings.topic_prefix + '.')} {_mb(n)}"
-                          for t, n in sorted(used.items(), key=lambda kv: -kv[1]))
-    state = "[green]ok[/]" if free >= MIN_FREE_BYTES else "[red]disk full[/]"
-    table.add_row("log on disk", state, f"{_mb(sum(used.values()))} in {settings.data_dir / 'log'} "
-                                        f"({_mb(free)} free): {per_topic}")
+    state = "[green]ok[/]" if free >= MIN_FREE_BYTES else "[red]disk nearly full[/]"
+    table.add_row("disk", state, ", ".join(f"{name} {_mb(n)}" for name, n in parts.items() if n)
+                  + f" in {settings.data_dir}; {_mb(free)} free")
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
 
 
 def _redact(dsn: str) -> str:

@@ -8,17 +8,13 @@ a restart of every process, and whether two members of one group (confluent-kafk
 partitions. Candidates whose program is not installed are reported as such, not failed:
 - Tansu ``memory://`` (today's ephemeral mode);
 - Tansu ``s3://`` over moto (in memory: survives a broker restart only), s3rver (files) and local-s3-server (files);
-- noida-db (``LITSTREAM_NOIDA_DB`` or ``noida-db`` on PATH; 0.2.3 needs glibc 2.39, 0.2.2 runs on Debian 12).
+- noida-db 0.2.2 (the durable default; 0.2.3 needs glibc 2.39, Debian 12 has 2.36).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-import signal
 import statistics
-import subprocess
 import tempfile
 import threading
 import time
@@ -30,8 +26,8 @@ from pathlib import Path
 from confluent_kafka import TopicPartition
 
 from litstream.infra.broker import EmbeddedBroker, free_port
-from litstream.infra.kafka import admin, consumer, create_topics, flush_or_raise, producer, read_to_end
-from litstream.infra.log_storage import S3Server
+from litstream.infra.kafka import consumer, create_topics, flush_or_raise, producer, read_to_end
+from litstream.infra.log_storage import NoidaBroker, S3Server
 from litstream.infra.settings import Settings
 
 from .harness import Context, Report, Row
@@ -50,7 +46,6 @@ class Candidate:
     fetch_wait_ms: int = 10
     server: S3Server | None = None
     broker: EmbeddedBroker | None = None
-    noida: subprocess.Popen[bytes] | None = None
     port: int = field(default_factory=free_port)
 
     def start(self) -> str:
@@ -67,37 +62,20 @@ class Candidate:
         return self.broker.start().bootstrap
 
     def _start_noida(self) -> str:
-        binary = os.environ.get("LITSTREAM_NOIDA_DB") or shutil.which("noida-db")
-        if binary is None:
-            raise FileNotFoundError("noida-db is not installed (pip install noida-db==0.2.2, or LITSTREAM_NOIDA_DB)")
-        with open(self.root / "noida.log", "ab") as log:
-            self.noida = subprocess.Popen([binary, "start", "--data-dir", str(self.root / "noida"), "--only", "kafka",
-                                           "--kafka-port", str(self.port), "--host", "127.0.0.1"],
-                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        bootstrap = f"127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                admin(Settings(bootstrap_servers=bootstrap)).list_topics(timeout=1.0)
-                return bootstrap
-            except Exception:
-                if time.monotonic() > deadline or self.noida.poll() is not None:
-                    raise RuntimeError(f"noida-db did not start; see {self.root / 'noida.log'}") from None
-                time.sleep(0.1)
+        self.broker = NoidaBroker(self.root / "noida", port=self.port, log_path=self.root / "noida.log")
+        return self.broker.start().bootstrap
 
     def pids(self) -> list[int]:
-        procs = [self.noida, self.broker.proc if self.broker else None, self.server.proc if self.server else None]
+        procs = [self.broker.proc if self.broker else None, self.server.proc if self.server else None]
         pids = [p.pid for p in procs if p is not None and p.poll() is None]
         return pids + [c for pid in pids for c in _children(pid)]
 
+    def kill(self) -> None:
+        for part in (self.broker, self.server):
+            if part is not None:
+                part.kill()
+
     def stop(self) -> None:
-        if self.noida is not None:  # its launcher and the server it runs share a session: stop both
-            os.killpg(self.noida.pid, signal.SIGTERM)
-            try:
-                self.noida.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.noida.pid, signal.SIGKILL)
-            self.noida = None
         if self.broker is not None:
             self.broker.stop()
         if self.server is not None:
@@ -240,6 +218,46 @@ def _two_members_aiokafka(bootstrap: str, topic: str, timeout: float = 40) -> bo
     return bool(result and result[0])
 
 
+def _concurrent_writes(settings: Settings, topic: str, producers: int = 6, each: int = 20) -> str:
+    """Several producers writing one partition at once, one record a request: how many acked records remain."""
+    acked: list[int] = []
+
+    def write(tag: int) -> None:
+        p, ok = producer(settings), 0
+        try:
+            for i in range(each):
+                p.produce(topic, f"{tag}-{i}".encode(), key=b"k")
+                flush_or_raise(p)
+                ok += 1
+        except Exception:  # noqa: BLE001 - a producer the broker fenced: its acked records still count
+            pass
+        acked.append(ok)
+
+    threads = [threading.Thread(target=write, args=(t,)) for t in range(producers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        kept = len({m.value() for m in read_to_end(settings, topic, timeout=30)})
+    except TimeoutError:
+        kept = 0
+    return f"{kept} of {sum(acked)} acked kept ({producers * each} sent)"
+
+
+def _killed_right_after_ack(cand: Candidate, settings: Settings, topic: str, n: int = 2000) -> str:
+    p = producer(settings)
+    for i in range(n):
+        p.produce(topic, VALUE)
+    flush_or_raise(p)
+    cand.kill()
+    cand.start()
+    try:
+        return f"{sum(1 for _ in read_to_end(settings, topic, timeout=120))} of {n} acked kept"
+    except (LookupError, TimeoutError):
+        return f"0 of {n} acked kept (topic gone)"
+
+
 @dataclass
 class Measured:
     produce_s: float = 0.0
@@ -251,6 +269,8 @@ class Measured:
     survived: str = ""
     two_confluent: bool | None = None
     two_aiokafka: bool | None = None
+    concurrent: str = ""
+    killed: str = ""
 
 
 def measure(name: str, n: int, samples: int, workdir: Path) -> Measured:
@@ -273,12 +293,17 @@ def measure(name: str, n: int, samples: int, workdir: Path) -> Measured:
         out.latency_s = _latency(settings, f"{settings.topic_prefix}.rollout-events", samples)
         out.two_confluent = _two_members_confluent(settings, f"{settings.topic_prefix}.rollout-offers")
         out.two_aiokafka = _two_members_aiokafka(bootstrap, f"{settings.topic_prefix}.triplets")
+        out.concurrent = _concurrent_writes(settings, f"{settings.topic_prefix}.workers")
         offsets = _commit_half(settings, topic)
         cand.stop()
         cand.start()
-        after = sum(1 for _ in read_to_end(settings, topic, timeout=600)) if name != "memory" else 0
+        try:
+            after = sum(1 for _ in read_to_end(settings, topic, timeout=600))
+        except (LookupError, TimeoutError):
+            after = 0
         kept = _committed(settings, topic) == offsets if after else False
         out.survived = f"{after}/{n + 1} records, offsets {'kept' if kept else 'lost'}"
+        out.killed = _killed_right_after_ack(cand, settings, f"{settings.topic_prefix}.resources")
     finally:
         cand.stop()
     return out
@@ -295,6 +320,8 @@ def _rows(name: str, m: Measured) -> list[Row]:
             f"RSS idle {m.rss_idle_mb:.0f} MB, after the log {m.rss_mb:.0f} MB", [m.consume_s]),
         Row(f"{name}: fetch latency", None, None, len(lat), f"p50 {p50:.0f} ms, p99 {p99:.0f} ms"),
         Row(f"{name}: restart", None, None, None, m.survived),
+        Row(f"{name}: SIGKILL at once after the ack", None, None, None, m.killed),
+        Row(f"{name}: 6 producers, 1 partition", None, None, None, m.concurrent),
         Row(f"{name}: consumer group", None, None, None, groups),
     ]
 

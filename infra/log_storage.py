@@ -1,13 +1,15 @@
-"""Where the embedded broker keeps its log: in memory, or on disk through a loopback S3 server.
+"""Where the embedded broker keeps its log: on disk (``durable``, the default) or in memory.
 
-Tansu (the embedded broker, ``infra/broker.py``) has two storage engines in the build we ship: ``memory://`` and
-``s3://``. A durable log is Tansu on ``s3://`` against a file-backed S3 server that runs on 127.0.0.1 and keeps
-its objects under the data dir. ``docs/durable-log.md`` has the measurements behind the choice of server.
+``durable`` runs noida-db (PyPI, pinned) as the Kafka-protocol server, its log under ``<data_dir>/log``; ``memory``
+runs Tansu (``infra/broker.py``) on ``memory://``. docs/durable-log.md has the measurements behind the choice,
+and the known limits of each (noida-db loses what was written since its last snapshot on a SIGKILL or power loss).
 
-Servers known here (each started and stopped like any other process of the stack):
-- ``s3rver`` (npm, 3.7.1): objects as files, listing with continuation tokens; the durable default;
-- ``moto`` (PyPI, the test extra): in memory, so only a broker restart survives: for tests of the broker alone;
-- ``local-s3-server`` (PyPI): files, but no paging in its listings (a bucket past 1000 objects lists wrong).
+Also here: the loopback S3 servers that Tansu's ``s3://`` storage was measured on (``bench/broker_storage.py``,
+``tests/test_faults.py``); Tansu on ``s3://`` loses acknowledged records when two producers write to one partition
+at once, so it is no storage for the stack:
+- ``s3rver`` (npm 3.7.1; ``make s3rver``): objects as files;
+- ``moto`` (PyPI, the test extra): in memory, so only a broker restart survives;
+- ``local-s3-server`` (PyPI): files, but no paging in its listings; Tansu's produce fails on it.
 """
 
 from __future__ import annotations
@@ -28,10 +30,6 @@ BUCKET = "tansu"
 S3RVER_VERSION = "3.7.1"
 # Credentials of the loopback server: s3rver accepts only its own fixed pair (with mismatched signatures allowed).
 _S3RVER_KEY = "S3RVER"
-# The consumers' fetch wait on the durable log (unless LITSTREAM_LOCAL_FETCH_WAIT_MS is set): Tansu waits out every
-# fetch's wait and each fetch lists objects on the S3 server, so 10 ms (the memory default) keeps the single-threaded
-# server busy with listings; 100 ms costs ~50 ms a hop (docs/durable-log.md).
-DURABLE_FETCH_WAIT_MS = 100
 
 
 def s3rver_script() -> Path | None:
@@ -133,9 +131,54 @@ class S3Server:
             self.proc.wait()
 
 
+def noida_binary() -> str:
+    """The noida-db server binary shipped in its wheel (or named by LITSTREAM_NOIDA_DB)."""
+    named = os.environ.get("LITSTREAM_NOIDA_DB")
+    if named:
+        return named
+    try:
+        from importlib.resources import files
+
+        path = Path(str(files("noida_db").joinpath("noida-db")))
+    except ImportError:
+        path = None
+    if path is None or not path.is_file():
+        raise RuntimeError(f"the durable log needs noida-db: pip install 'litstream[local]' (or noida-db=={NOIDA_VERSION}), "
+                           "or start with `litstream up --ephemeral` (LITSTREAM_BROKER_STORAGE=memory)")
+    if not os.access(path, os.X_OK):
+        path.chmod(0o755)  # the wheel's launcher does the same before its first run
+    return str(path)
+
+
+NOIDA_VERSION = "0.2.2"  # 0.2.3's binary needs glibc 2.39 (Debian 12 has 2.36)
+
+
+class NoidaBroker(EmbeddedBroker):
+    """noida-db's Kafka service alone, its log under ``root`` (one snapshot file, written by temp file + rename)."""
+
+    def __init__(self, root: Path, port: int | None = None, log_path: Path | None = None) -> None:
+        super().__init__(port=port, log_path=log_path)
+        self.root = root
+        self.storage = f"noida-db:{root}"
+
+    def start(self, timeout: float = 60.0) -> NoidaBroker:
+        self.root.mkdir(parents=True, exist_ok=True)
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        self.proc = subprocess.Popen(
+            [noida_binary(), "start", "--data-dir", str(self.root), "--only", "kafka", "--host", "127.0.0.1",
+             "--kafka-port", str(self.port)],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self._wait_answering(timeout)  # loading a large snapshot takes a while
+        return self
+
+    def stop(self, timeout: float = 120.0) -> None:
+        """SIGTERM: it writes its last snapshot before it exits (seconds for a log of a few hundred MB)."""
+        super().stop(timeout)
+
+
 class EmbeddedLog:
-    """The embedded broker with its storage: ``durable`` (Tansu on ``s3://`` over s3rver, objects under
-    ``<data_dir>/log``) or ``memory`` (Tansu on ``memory://``: everything is gone when it stops)."""
+    """The embedded broker with its storage: ``durable`` (noida-db, the log under ``<data_dir>/log``) or ``memory``
+    (Tansu on ``memory://``: everything is gone when it stops). docs/durable-log.md says why."""
 
     def __init__(self, storage: str, data_dir: Path, log_dir: Path | None = None, port: int | None = None) -> None:
         if storage not in ("durable", "memory"):
@@ -144,43 +187,24 @@ class EmbeddedLog:
         self.root = data_dir / "log"
         self.log_dir = log_dir
         self.port = port
-        self.server: S3Server | None = None
         self.broker: EmbeddedBroker | None = None
 
     @property
     def durable(self) -> bool:
         return self.storage == "durable"
 
-    def _log(self, name: str) -> Path | None:
-        return self.log_dir / name if self.log_dir else None
-
     def start(self) -> EmbeddedBroker:
-        env: dict[str, str] = {}
-        storage = "memory://tansu/"
+        log_path = self.log_dir / "broker.log" if self.log_dir else None
         if self.durable:
             check_free_space(self.root)
-            self.server = S3Server(self.root, log_path=self._log("s3rver.log")).start()
-            storage, env = f"s3://{BUCKET}/", self.server.broker_env()
-        self.broker = EmbeddedBroker(port=self.port, storage=storage, env=env, log_path=self._log("broker.log"))
-        try:
-            return self.broker.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def processes(self) -> list[subprocess.Popen[bytes]]:
-        parts = [self.broker.proc if self.broker else None, self.server.proc if self.server else None]
-        return [p for p in parts if p is not None]
-
-    def alive(self) -> bool:
-        return all(p.poll() is None for p in self.processes()) and bool(self.processes())
+            self.broker = NoidaBroker(self.root, port=self.port, log_path=log_path)
+        else:
+            self.broker = EmbeddedBroker(port=self.port, log_path=log_path)
+        return self.broker.start()
 
     def stop(self) -> None:
-        """The broker first (it may still write), then its storage."""
         if self.broker is not None:
             self.broker.stop()
-        if self.server is not None:
-            self.server.stop()
 
     def __enter__(self) -> EmbeddedBroker:
         return self.start()
@@ -206,11 +230,7 @@ def check_free_space(path: Path, minimum: int = MIN_FREE_BYTES) -> None:
                            "topics' retention (docs/durable-log.md)")
 
 
-def disk_per_topic(data_dir: Path) -> dict[str, int]:
-    """Bytes each topic takes in the durable log under ``data_dir`` (empty when the log is not on disk)."""
-    out: dict[str, int] = {}
-    for topics in (data_dir / "log" / BUCKET / "clusters").glob("*/topics"):
-        for topic in topics.iterdir():
-            out[topic.name] = out.get(topic.name, 0) + sum(
-                f.stat().st_size for f in topic.rglob("*") if f.is_file())
-    return out
+def log_files_bytes(data_dir: Path) -> int:
+    """Bytes the durable log takes under ``data_dir`` (0 when the log is not on disk)."""
+    root = data_dir / "log"
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file()) if root.is_dir() else 0

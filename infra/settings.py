@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     # under ``<data_dir>/log`` (Tansu on s3:// over a loopback s3rver; survives any stop), or ``memory`` (faster,
     # gone when the broker stops: `litstream up --ephemeral`). See docs/durable-log.md.
     broker_storage: Literal["durable", "memory"] = "durable"
+    # Per-topic retention overrides in ms by role name ("spans", "rollout-offers", "triplets", "spans.dlq", ...),
+    # applied when the topics are created; the defaults are in infra/topics.py. JSON in the environment.
+    topic_retention_ms: dict[str, int] = Field(default_factory=dict)
     # Where the lifecycle processor keeps its table of rollout state: ``rocksdb`` on disk under ``data_dir``
     # (memory bounded by the store's caches, warm after a restart) or ``memory`` (every rollout held in RAM,
     # rebuilt from the changelog at each start). The changelog on Kafka is the durable copy either way.
