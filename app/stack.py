@@ -16,7 +16,7 @@ from typing import IO, Any
 from litstream.infra import health
 from litstream.infra.broker import EmbeddedBroker
 from litstream.infra.kafka import create_topics, wait_for_broker
-from litstream.infra.log_storage import EmbeddedLog
+from litstream.infra.log_storage import MIN_SESSION_TIMEOUT_MS, EmbeddedLog
 from litstream.infra.settings import Settings
 
 STACK_FILE = "stack.json"
@@ -109,7 +109,10 @@ class Stack:
             shutil.rmtree(self.settings.data_dir / "faust", ignore_errors=True)
         self.log = log
         self.broker = log.start()
-        self.settings = self.settings.model_copy(update={"bootstrap_servers": self.broker.bootstrap})
+        update: dict[str, object] = {"bootstrap_servers": self.broker.bootstrap}
+        if log.durable:  # noida-db refuses group sessions under 6 s (Apache Kafka's group.min.session.timeout.ms)
+            update["local_session_timeout_ms"] = max(self.settings.local_session_timeout_ms, MIN_SESSION_TIMEOUT_MS)
+        self.settings = self.settings.model_copy(update=update)
         write_stack_file(self.settings, self.broker)
         return self.broker.bootstrap
 
