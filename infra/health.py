@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 STALE_AFTER_S = 30.0
+_annotations: dict[str, Any] = {}  # facts added to every beat of this process (e.g. its metrics URL)
 
 
 def health_dir(data_dir: Path) -> Path:
@@ -17,11 +18,16 @@ def health_dir(data_dir: Path) -> Path:
     return path
 
 
+def annotate(**info: Any) -> None:
+    """Add ``info`` to every later beat of this process."""
+    _annotations.update(info)
+
+
 def beat(data_dir: Path, role: str, **info: Any) -> None:
     """Record that ``role`` is alive now (atomic replace, so a reader never sees half a file)."""
     path = health_dir(data_dir) / f"{role}.json"
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"role": role, "pid": os.getpid(), "time": time.time(), **info}))
+    tmp.write_text(json.dumps({"role": role, "pid": os.getpid(), "time": time.time(), **_annotations, **info}))
     tmp.replace(path)
 
 

@@ -13,6 +13,7 @@ from confluent_kafka import Consumer as _Consumer
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from . import metrics
 from .profiles import consumer_profile, security_config
 from .settings import Settings
 from .topics import physical_topics
@@ -27,8 +28,22 @@ def default_producer_id(role: str) -> str:
     return f"{role}-{socket.gethostname()}-{os.getpid()}"
 
 
+# Extra config of every client this process makes; see quiet_clients().
+_CLIENT_EXTRAS: dict[str, Any] = {}
+
+
+def quiet_clients() -> None:
+    """For short commands a person runs: drop librdkafka's own log lines and error callbacks (hundreds of them
+    while a broker is down); the command says what went wrong in one line instead."""
+    sink = logging.getLogger("litstream.librdkafka")
+    sink.addHandler(logging.NullHandler())
+    sink.propagate = False
+    _CLIENT_EXTRAS.update({"logger": sink, "error_cb": lambda _err: None})
+
+
 def admin(settings: Settings) -> AdminClient:
-    return AdminClient({"bootstrap.servers": settings.bootstrap_servers, **security_config(settings)})
+    return AdminClient({"bootstrap.servers": settings.bootstrap_servers, **security_config(settings),
+                        **_CLIENT_EXTRAS})
 
 
 def producer(settings: Settings, **overrides: Any) -> Producer:
@@ -43,6 +58,7 @@ def producer(settings: Settings, **overrides: Any) -> Producer:
         "partitioner": "murmur2_random",
         "log.connection.close": False,  # idle disconnects are routine, not news
         **security_config(settings),
+        **_CLIENT_EXTRAS,
         **overrides,
     }
     return Producer(conf)
@@ -59,6 +75,8 @@ def consumer(settings: Settings, group_id: str, **overrides: Any) -> _Consumer:
         "log.connection.close": False,
         **consumer_profile(settings),
         **security_config(settings),
+        **metrics.kafka_stats_config(group_id),  # lag for /metrics, when this process serves it
+        **_CLIENT_EXTRAS,
         **overrides,
     }
     return _Consumer(conf)
@@ -95,14 +113,15 @@ def wait_for_broker(settings: Settings, timeout: float = 30.0) -> None:
     last: Exception | None = None
     while time.monotonic() < deadline:
         try:
-            admin(settings).list_topics(timeout=2.0)
+            admin(settings).list_topics(timeout=max(0.2, min(2.0, deadline - time.monotonic())))
             return
         except KafkaException as exc:
             last = exc
             time.sleep(0.2)
+    reason = last.args[0].str() if last is not None and isinstance(last.args[0], KafkaError) else last
     raise ConnectionError(
-        f"no Kafka broker answered at {settings.bootstrap_servers} within {timeout:.0f}s ({last}); "
-        "start one with `litstream up` or set LITSTREAM_BOOTSTRAP_SERVERS"
+        f"no Kafka broker answered at {settings.bootstrap_servers} within {timeout:.0f}s ({reason}): start the stack "
+        "here with `litstream up`, or point LITSTREAM_BOOTSTRAP_SERVERS at your broker"
     )
 
 

@@ -2,12 +2,40 @@
 
 from __future__ import annotations
 
+import difflib
+import os
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PREFIX = "LITSTREAM_"
+# Variables with the prefix that are not settings of the pipeline: read by tests, benchmarks and tools.
+OTHER_VARIABLES = frozenset({"LITSTREAM_FAILPOINTS", "LITSTREAM_SLOW", "LITSTREAM_VLLM_PYTHON", "LITSTREAM_AGL_VENV",
+                             "LITSTREAM_MODEL_CACHE", "LITSTREAM_POLICY_UPSTREAM_API_KEY",
+                             "LITSTREAM_REQUIRE_BROWSER", "LITSTREAM_SCREENSHOTS",
+                             "LITSTREAM_NOIDA_DB", "LITSTREAM_S3RVER"})
+
+
+class UnknownSettingError(ValueError):
+    """A ``LITSTREAM_*`` variable that is no setting: most likely misspelled."""
+
+
+def check_environment(env: Mapping[str, str], fields: list[str]) -> None:
+    """Refuse ``LITSTREAM_*`` variables that name no setting, with the closest valid names and the full list."""
+    valid = sorted(PREFIX + f.upper() for f in fields)
+    unknown = sorted(k for k in env if k.upper().startswith(PREFIX) and k.upper() not in valid
+                     and k.upper() not in OTHER_VARIABLES)
+    if not unknown:
+        return
+    lines = []
+    for name in unknown:
+        close = difflib.get_close_matches(name.upper(), valid, n=1)
+        lines.append(f"{name}" + (f" (did you mean {close[0]}?)" if close else ""))
+    raise UnknownSettingError(f"unknown setting {', '.join(lines)}; unset it. Valid settings: {', '.join(valid)}")
 
 
 class Settings(BaseSettings):
@@ -56,6 +84,26 @@ class Settings(BaseSettings):
     gateway_host: str = "127.0.0.1"
     gateway_port: int = 8080
     gateway_token: SecretStr | None = None
+
+    # The policy endpoint (`litstream policy-server`): where it listens, and the API key its callers must send
+    # (``Authorization: Bearer <key>``, what OpenAI clients send as ``api_key``); none: no check.
+    policy_server_host: str = "127.0.0.1"
+    policy_server_port: int = Field(8090, ge=0, le=65535)
+    policy_server_token: SecretStr | None = None
+
+    # Each long-running process serves /metrics, /healthz and /readyz here (infra/metrics.py). Port 0 picks a
+    # free one (recorded in the process's health beat), so the processes of one machine never collide; -1: off.
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(0, ge=-1, le=65535)
+
+    # Limits of each query a person sends (`litstream sql`, POST /v1/sql, `litstream report`).
+    sql_max_seconds: float = Field(30.0, gt=0, le=3600)
+    sql_max_memory_mb: int = Field(2048, ge=16)
+    sql_max_rows: int = Field(100_000, ge=1)
+
+    def __init__(self, **values: Any) -> None:
+        check_environment(os.environ, list(type(self).model_fields))
+        super().__init__(**values)
 
     @property
     def chdb_path(self) -> Path:

@@ -25,3 +25,7 @@ def parse_policy_version(resources_id: str | None) -> int | None:
         return None
     m = _PATTERN.match(resources_id)
     return int(m.group(1)) if m else None
+
+# The rollout and attempt id of spans recorded outside any attempt (e.g. a call to the policy server's plain
+# ``/v1/...``): stored like any span, never turned into triplets, never attributed to a rollout.
+UNATTRIBUTED = "unattributed"

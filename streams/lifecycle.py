@@ -19,8 +19,9 @@ from typing import Any
 import faust
 from confluent_kafka import KafkaException
 
-from litstream.infra import health
+from litstream.infra import health, metrics
 from litstream.infra.failpoints import failpoint
+from litstream.infra.metrics import StatSeries
 from litstream.infra.profiles import faust_profile
 from litstream.infra.settings import Settings
 from litstream.infra.topics import LIFECYCLE_TABLE, Topics
@@ -79,7 +80,8 @@ class LifecycleProcessor:
         self.topics = Topics(settings.topic_prefix)
         self.codec = codec or default_codec(settings.schema_registry_url)
         self.factory = EventFactory(settings.producer_id, role=ROLE)
-        self.stats = {"applied": 0, "duplicates": 0, "dead_letters": 0, "timeout": 0, "unresponsive": 0}
+        self.stats = {"applied": 0, "duplicates": 0, "dead_letters": 0, "timeout": 0, "unresponsive": 0,
+                      "retries": 0}
         faust_patches.apply(settings)
         datadir = (settings.data_dir / "faust" / self.topics.faust_app_id).resolve()
         datadir.mkdir(parents=True, exist_ok=True)
@@ -108,6 +110,8 @@ class LifecycleProcessor:
                                     options=dict(ROCKSDB_OPTIONS) if settings.table_store == "rocksdb" else None)
         self.app.agent(self.source, name="fold")(self._fold_stream)
         self.app.timer(interval=2.0)(self._beat)
+        if metrics.serving():
+            self.app.timer(interval=metrics.STATS_INTERVAL_MS / 1000)(self._report_lag)
         self.app.timer(interval=TICK_S)(self._tick)
         self._deadlines: dict[str, tuple[float, int]] = {}
         self._heap: list[tuple[float, str]] = []
@@ -118,6 +122,25 @@ class LifecycleProcessor:
 
     async def _beat(self) -> None:
         health.beat(self.settings.data_dir, ROLE, **self.stats)
+
+    async def _report_lag(self) -> None:
+        """The source topic's lag, from the fetch high-water marks aiokafka keeps (right on every broker, unlike
+        ListOffsets on the embedded one) and the offsets Faust last committed."""
+        if self.app.rebalancing or self.app.in_recovery:
+            return
+        consumer = self.app.consumer
+        committed = getattr(consumer, "_committed_offset", {})  # Faust keeps no public view of it
+        name = self.source.get_topic_name()
+        lags: dict[tuple[str, str], int] = {}
+        try:
+            for tp in consumer.assignment():
+                end = consumer.highwater(tp) if tp.topic == name else None
+                if end is not None:
+                    lags[(tp.topic, str(tp.partition))] = max(0, end - (committed.get(tp) or 0))
+        except Exception as exc:  # noqa: BLE001 - a metric must never stop the processor
+            log.debug("lag not available now: %s", exc)
+            return
+        metrics.LAG.set_group(self.topics.faust_app_id, lags)
 
     async def _fold_stream(self, stream: Any) -> None:
         async for event in stream.events():
@@ -172,6 +195,8 @@ class LifecycleProcessor:
         if new is not None:
             await self._observe_worker(event, state, new)
         if outcome.offer is not None and new is not None:
+            if outcome.offer.attempt_sequence > 1:
+                self.stats["retries"] += 1
             offer = RolloutOffered(meta=self.factory.meta(rid), attempt_sequence=outcome.offer.attempt_sequence,
                                    input=new.input, mode=new.mode, resources_id=new.resources_id, config=new.config,
                                    metadata=new.metadata)
@@ -239,6 +264,7 @@ class LifecycleProcessor:
             return
         if not self._ready_told:  # timers start once recovery is done: say so now, not at the 2 s beat
             self._ready_told = True
+            metrics.mark_ready()
             await self._beat()
         actives = self._active_partitions()
         if actives != self._indexed or time.monotonic() - self._indexed_at > REINDEX_EVERY_S:
@@ -264,6 +290,7 @@ class LifecycleProcessor:
 
     async def _dead_letter(self, letter: DeadLetter) -> None:
         self.stats["dead_letters"] += 1
+        metrics.record_dead_letter(ROLE, letter.source_topic, letter.error_type)
         log.warning("dead letter from %s[%d]@%d: %s", letter.source_topic, letter.partition, letter.offset,
                     letter.reason.splitlines()[0])
         await self.dlq_topic.send(key=letter.key, value=letter.value, headers=letter.headers())
@@ -271,11 +298,25 @@ class LifecycleProcessor:
 
 
 
+LIFECYCLE_SERIES = {
+    "applied": StatSeries("litstream_events", "Lifecycle events read, by outcome", {"outcome": "applied"}),
+    "duplicates": StatSeries("litstream_events", "Lifecycle events read, by outcome", {"outcome": "duplicate"}),
+    "dead_letters": StatSeries("litstream_events", "Lifecycle events read, by outcome", {"outcome": "dead_letter"}),
+    "timeout": StatSeries("litstream_attempt_timeouts", "Attempts this processor timed out, by kind",
+                          {"kind": "timeout"}),
+    "unresponsive": StatSeries("litstream_attempt_timeouts", "Attempts this processor timed out, by kind",
+                               {"kind": "unresponsive"}),
+    "retries": StatSeries("litstream_retries", "Rollouts offered again for another attempt"),
+}
+
+
 def run(settings: Settings, loglevel: str = "info") -> None:
     """Run the processor in the foreground until interrupted."""
     from faust.worker import Worker
 
+    metrics.serve(settings, ROLE)
     processor = LifecycleProcessor(settings)
+    metrics.expose_stats(ROLE, lambda: processor.stats, LIFECYCLE_SERIES)
     health.beat(settings.data_dir, ROLE, starting=True, started=time.time())
     if settings.table_store == "rocksdb":
         try:

@@ -19,11 +19,12 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message, TopicPartition
 
-from litstream.infra import health
-from litstream.infra.clickhouse import ClickHouse
+from litstream.infra import health, metrics
+from litstream.infra.clickhouse import ClickHouse, QueryLimits
 from litstream.infra.clickhouse.api import serve_queries
 from litstream.infra.failpoints import failpoint
 from litstream.infra.kafka import Headers, commit_sync, consumer, producer
+from litstream.infra.metrics import StatSeries
 from litstream.infra.settings import Settings
 from litstream.infra.topics import Topics
 from litstream.schemas.codec import Codec, default_codec
@@ -41,7 +42,8 @@ class SpanSink:
         self.settings = settings
         self.topics = Topics(settings.topic_prefix)
         self.codec = codec or default_codec(settings.schema_registry_url)
-        self.ch = ch or ClickHouse(settings.resolved_clickhouse_dsn, role=ROLE, serves_api=True)
+        self.ch = ch or ClickHouse(settings.resolved_clickhouse_dsn, role=ROLE, serves_api=True,
+                                  limits=QueryLimits.from_settings(settings))
         self.ch.migrate()
         self.batch_size = batch_size
         self.max_wait_s = max_wait_s
@@ -80,6 +82,12 @@ class SpanSink:
             self._dlq.flush(10)
 
     def process(self, msgs: list[Message]) -> None:
+        started = time.perf_counter()
+        self._store(msgs)
+        metrics.SINK_BATCH_SIZE.observe(len(msgs))
+        metrics.SINK_BATCH_SECONDS.observe(time.perf_counter() - started)
+
+    def _store(self, msgs: list[Message]) -> None:
         batch = SinkBatch(self.topics, self.codec, ROLE)
         offsets: dict[tuple[str, int], int] = {}
         for m in msgs:
@@ -102,6 +110,7 @@ class SpanSink:
         for letter in letters:
             headers: Headers = list(letter.headers())
             self._dlq.produce(letter.topic, key=letter.key, value=letter.value, headers=headers)
+            metrics.record_dead_letter(ROLE, letter.source_topic, letter.error_type)
         if letters:
             self._dlq.flush(30)
         # Only now is every message of the batch durable (in ClickHouse or a dead letter): commit.
@@ -118,10 +127,21 @@ class SpanSink:
         self.ch.close()
 
 
+SINK_SERIES = {
+    "inserted": StatSeries("litstream_spans", "Spans stored in ClickHouse"),
+    "events": StatSeries("litstream_sink_rows", "Rows stored in ClickHouse, by table", {"table": EVENTS_TABLE}),
+    "triplets": StatSeries("litstream_sink_rows", "Rows stored in ClickHouse, by table", {"table": TRIPLETS_TABLE}),
+    "undecodable": StatSeries("litstream_sink_undecodable", "Messages the sink could not decode (all topics)"),
+}
+
+
 def run(settings: Settings) -> None:
     """Run the sink in the foreground until SIGINT/SIGTERM."""
+    metrics.serve(settings, ROLE)
     sink = SpanSink(settings)
+    metrics.expose_stats(ROLE, lambda: sink.stats, SINK_SERIES)
     url = sink.serve_api()
+    metrics.mark_ready()
     log.info("sink consuming %s into %s; query API %s", ", ".join(sink_topics(sink.topics)), sink.ch.dsn, url)
 
     def stop(*_: Any) -> None:

@@ -492,8 +492,10 @@ class LitStore:
         if filters:
             where += " AND (" + f" {filter_logic.upper()} ".join(filters) + ")"
         sql = f"SELECT raw_json FROM spans FINAL WHERE {where} ORDER BY sequence_id"
-        rows = (await asyncio.to_thread(clickhouse.query, self.settings.resolved_clickhouse_dsn, sql)).rows
-        spans = [span_from_record(SpanRecorded.model_validate_json(r[0])) for r in rows]
+        # Through the chDB owner (the span sink), never by opening the directory from this process.
+        res = await asyncio.to_thread(clickhouse.query, self.settings.resolved_clickhouse_dsn, sql, may_open=False,
+                                      wait_s=10.0)
+        spans = [span_from_record(SpanRecorded.model_validate_json(r[0])) for r in res.rows]
         return _paginate(spans, sort_by, sort_order, limit, offset)
 
     def _wait_for_sink(self, timeout: float = 30.0) -> None:

@@ -20,7 +20,8 @@ ended before the committed offset was finalized before the restart: it is skippe
 
 **Orphans.** Spans whose attempt no snapshot has named ``orphan_after_ms`` after its first span (an unknown
 rollout, or an attempt id its rollout never had) would hold the spans commit back forever: such an attempt is let
-go as an orphan (one dead letter, and its later spans are late spans).
+go as an orphan (one dead letter, and its later spans are late spans). Spans recorded outside any attempt (rollout
+id ``UNATTRIBUTED``) are counted and skipped: they belong to no rollout.
 
 **Memory.** Besides the buffered spans (capped in bytes), the collector remembers per rollout which attempts its
 snapshots named and when each ended, for the ``remember_rollouts`` rollouts it heard of last, and the
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 
 from litstream.schemas.events import RolloutSnapshot, SpanRecorded
 from litstream.schemas.models import FINISHED
+from litstream.schemas.policy import UNATTRIBUTED
 
 ENDED = frozenset({"succeeded", "failed", "timeout", "unresponsive"})
 AttemptKey = tuple[str, str]
@@ -115,7 +117,7 @@ class Collector:
         self.newest_span_ms: dict[int, int] = {}
         self.buffer_bytes = 0
         self.counts = {"spans": 0, "snapshots": 0, "duplicates": 0, "replayed": 0, "dropped_spans": 0,
-                       "partition_mismatch": 0}
+                       "partition_mismatch": 0, "unattributed": 0}
 
     # -- input ----------------------------------------------------------------------------------------------
 
@@ -123,6 +125,9 @@ class Collector:
         self.spans_pos[partition] = offset + 1
         self.newest_span_ms[partition] = max(self.newest_span_ms.get(partition, 0), ts_ms)
         self.counts["spans"] += 1
+        if span.rollout_id == UNATTRIBUTED:  # a call outside any attempt (the policy server's plain /v1): no rollout
+            self.counts["unattributed"] += 1
+            return []
         key = (span.rollout_id, span.attempt_id)
         buffered = BufferedSpan(span, raw, offset, ts_ms)
         attempt = self.pending.get(key)

@@ -25,8 +25,9 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
-from litstream.infra import health
+from litstream.infra import health, metrics
 from litstream.infra.kafka import PartitionEnds, commit_sync, consumer, poll_batch
+from litstream.infra.metrics import StatSeries
 from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
 from litstream.infra.topics import Topics
@@ -285,6 +286,7 @@ class TripletProcessor:
 
     def _letter(self, letter: DeadLetter, attempt: Attempt | None = None) -> None:
         self.stats["dead_letters"] += 1
+        metrics.record_dead_letter(ROLE, letter.source_topic, letter.error_type)
         log.warning("dead letter (%s) %s[%d]@%d: %s", letter.error_type, letter.source_topic, letter.partition,
                     letter.offset, letter.reason)
         headers = letter.headers()
@@ -307,9 +309,20 @@ class TripletProcessor:
         self._dirty = False
 
 
+TRIPLET_SERIES = {
+    "triplets": StatSeries("litstream_triplets", "Triplets emitted"),
+    "attempts": StatSeries("litstream_triplet_attempts", "Finished attempts turned into triplets (or not)"),
+    "no_triplet": StatSeries("litstream_triplet_attempts_empty", "Finished attempts that gave no usable triplet"),
+    "late_spans": StatSeries("litstream_triplet_late_spans", "Spans that arrived after their attempt was finalized"),
+}
+
+
 def run(settings: Settings) -> None:
     """Run the processor in the foreground until SIGINT/SIGTERM."""
+    metrics.serve(settings, ROLE)
     processor = TripletProcessor(settings)
+    metrics.expose_stats(ROLE, lambda: processor.stats, TRIPLET_SERIES)
+    metrics.mark_ready()
     log.info("triplet processor: %s + %s -> %s", processor.topics.spans, processor.topics.state,
              processor.topics.triplets)
 

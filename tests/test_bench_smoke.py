@@ -100,3 +100,18 @@ def test_soak_tiny(tmp_path: Path) -> None:
     processes = {m["process"] for m in params["memory"]}
     assert {"broker", "lifecycle", "span-sink", "triplets", "runner-0", "runner-1"} <= processes
     assert all(m["peak_mb"] > 0 for m in params["memory"])
+
+
+@pytest.mark.slow  # ~40 s; `make bench` runs it at full size
+def test_policy_server_benchmark_quick(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "litstream.bench", "--only", "policy_server", "--quick", "--no-agl",
+         "--results-dir", str(tmp_path)],
+        check=False, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [path] = tmp_path.glob("policy_server-*.json")
+    doc = json.loads(path.read_text())
+    assert doc["params"]["overhead_p50_ms"] > -1000 and doc["params"]["reserve_p50_ms"] > 0
+    rows = {row["what"]: row for row in doc["rows"]}
+    assert rows["server, 16 clients"]["msgs_per_s"] > 0 and rows["server, 1 client"]["msgs_per_s"] > 0

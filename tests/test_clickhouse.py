@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,16 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from litstream.infra import clickhouse
-from litstream.infra.clickhouse import ChdbLockedError, ClickHouse, query, write_owner
+from litstream.infra.clickhouse import (
+    ChdbLockedError,
+    ClickHouse,
+    NoOwnerError,
+    QueryError,
+    QueryLimits,
+    UnsafeQueryError,
+    query,
+    write_owner,
+)
 from litstream.schemas.events import Event, TripletEmitted
 from litstream.streams.event_rows import LIFECYCLE_TYPES, Positioned, event_arrow, triplet_arrow
 from litstream.streams.span_rows import SPAN_COLUMNS, span_arrow, span_columns
@@ -155,9 +165,60 @@ def test_triplets_collapse_by_rollout_attempt_and_index(ch: ClickHouse) -> None:
                     [1, 0.5, [1, 2], [3], [-0.25], "3", "policy-v3", '{"k":1}']]
 
 
-def test_queries_are_read_only(ch: ClickHouse) -> None:
-    with pytest.raises(Exception, match="(?i)readonly"):
-        ch.query("DROP TABLE spans")
+@pytest.mark.parametrize("sql", ["DROP TABLE spans", "INSERT INTO spans (SpanName) VALUES ('x')",
+                                 "ALTER TABLE spans DELETE WHERE 1", "SET readonly = 0", "SYSTEM STOP MERGES",
+                                 "SELECT 1; DROP TABLE spans", "SELECT 1 INTO OUTFILE '/tmp/litstream-x'"])
+def test_user_queries_are_refused_and_the_writer_keeps_writing(ch: ClickHouse, sql: str) -> None:
+    """A person's statement that would change anything is refused with the reason, and the session the sink
+    writes with is untouched: it inserts right after (the old shared-session readonly stopped the sink here)."""
+    with pytest.raises(UnsafeQueryError, match="not allowed|statements"):
+        ch.user_query(sql)
+    ch.insert_arrow("spans", span_arrow([span(1)]))
+    assert ch.query("SELECT count() FROM spans FINAL").rows == [[1]]
+
+
+def test_the_reader_session_itself_is_read_only(ch: ClickHouse) -> None:
+    """Past the statement check, the engine refuses too: the reader session has readonly=1 for good."""
+    reader = ch._reader()
+    try:
+        with pytest.raises(Exception, match="(?i)readonly"):
+            reader.command("CREATE TABLE x (a UInt8) ENGINE = Memory")
+    finally:
+        ch._readers.put(reader)
+    assert ch.user_query("SELECT count() FROM spans").rows == [[0]]
+    ch.insert_arrow("spans", span_arrow([span(1)]))
+
+
+def test_a_long_query_is_stopped_by_the_time_limit_while_inserts_go_on(dsn: str) -> None:
+    c = ClickHouse(dsn, role="test", limits=QueryLimits(max_seconds=1.0))
+    errors: list[Exception] = []
+
+    def long_query() -> None:
+        try:
+            c.user_query("SELECT count() FROM numbers(100000000000) WHERE sipHash64(number) = 0")
+        except QueryError as exc:
+            errors.append(exc)
+
+    try:
+        c.migrate()
+        thread = threading.Thread(target=long_query)
+        thread.start()
+        c.insert_arrow("spans", span_arrow([span(1)]))  # the writer's session is not the reader's: not blocked
+        thread.join()
+        assert len(errors) == 1 and "time limit of 1 s" in str(errors[0]) and "narrow it" in str(errors[0])
+        assert c.user_query("SELECT count() FROM spans FINAL").rows == [[1]]
+    finally:
+        c.close()
+
+
+def test_result_rows_are_limited(dsn: str) -> None:
+    c = ClickHouse(dsn, role="test", limits=QueryLimits(max_result_rows=10))
+    try:
+        with pytest.raises(QueryError, match="more than 10 rows"):
+            c.user_query("SELECT number FROM numbers(1000)")
+        assert len(c.user_query("SELECT number FROM numbers(10)").rows) == 10
+    finally:
+        c.close()
 
 
 def test_migrations_apply_once(dsn: str) -> None:
@@ -199,6 +260,25 @@ def test_query_without_an_owner_opens_directly(tmp_path: Path) -> None:
     assert query(dsn, "SELECT count() FROM spans").rows == [[0]]
 
 
+def test_query_without_data_creates_nothing(tmp_path: Path) -> None:
+    dsn = f"chdb://{tmp_path / 'chdb'}"
+    with pytest.raises(NoOwnerError, match="no ClickHouse data"):
+        query(dsn, "SELECT 1")
+    assert not (tmp_path / "chdb").exists()
+
+
+def test_a_reader_that_may_not_open_waits_for_the_owner_and_never_opens(tmp_path: Path) -> None:
+    """Under a stack (the sink starting or restarting) a reader asks the owner or says so; it never opens the
+    directory itself, which would take it from the sink."""
+    dsn = f"chdb://{tmp_path / 'chdb'}"
+    c = ClickHouse(dsn, role="writer")
+    c.migrate()
+    c.close()
+    with pytest.raises(NoOwnerError, match="not serving"):
+        query(dsn, "SELECT 1", may_open=False, wait_s=0.3)
+    assert not (tmp_path / "chdb" / "litstream.owner.json").exists()
+
+
 def test_owner_without_api_gives_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(clickhouse, "OWNER_API_WAIT_S", 0.5)  # a starting owner that never serves: give up soon
     path = tmp_path / "chdb"
@@ -215,3 +295,8 @@ def test_owner_without_api_gives_a_clear_error(tmp_path: Path, monkeypatch: pyte
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_an_empty_result_keeps_its_columns(ch: ClickHouse) -> None:
+    res = ch.user_query("SELECT SpanName, count() AS n FROM spans FINAL GROUP BY SpanName")
+    assert res.columns == ["SpanName", "n"] and res.rows == []

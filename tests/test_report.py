@@ -200,3 +200,22 @@ def test_report_queries_benchmark_quick(tmp_path: Path) -> None:
     assert rows["query report.build (all sections)"]["msgs_per_s"] > 0
     assert rows["Arrow insert into chDB (spans, batches of 50k)"]["n"] == 100_000
     assert "no SQL store" in rows["agentlightning 0.3.0: report queries"]["note"]
+
+
+def test_plots_read_at_a_glance(ch: ClickHouse) -> None:
+    """Time axes in elapsed time (no mm:ss.micro tick labels), latency on a log scale, every legend off the data."""
+    r = report.build(ch.query)
+    for name, make in plots.PLOTS.items():
+        fig = make(r.sections[name])
+        assert fig is not None, name
+        fig.canvas.draw()
+        ax = fig.axes[0]
+        legend = ax.get_legend()
+        assert legend is not None and legend.get_window_extent().x0 >= ax.get_window_extent().x1, name
+        if name.endswith("over_time"):
+            assert ax.get_xlabel().startswith("elapsed since") and ax.get_xlabel().endswith("UTC (s)")
+            assert not any(":" in t.get_text() for t in ax.get_xticklabels()), name
+        plots.plt.close(fig)
+    fig = plots.latency(r.sections["latency"])
+    assert fig is not None and fig.axes[0].get_xscale() == "log"
+    plots.plt.close(fig)

@@ -138,10 +138,11 @@ def test_tls_on_the_embedded_broker(tmp_path: Path) -> None:
 
 
 def test_loopback_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in ("LITSTREAM_GATEWAY_HOST", "LITSTREAM_BOOTSTRAP_SERVERS"):
+    for key in ("LITSTREAM_GATEWAY_HOST", "LITSTREAM_BOOTSTRAP_SERVERS", "LITSTREAM_POLICY_SERVER_HOST"):
         monkeypatch.delenv(key, raising=False)
     settings = Settings()
     assert settings.gateway_host == "127.0.0.1" and settings.bootstrap_servers.startswith("127.0.0.1:")
+    assert settings.policy_server_host == "127.0.0.1"
     assert EmbeddedBroker().bootstrap.startswith("127.0.0.1:")
 
 

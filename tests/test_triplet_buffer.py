@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from litstream.schemas.events import AttemptSnapshot, EventMeta, RolloutSnapshot, SpanRecorded
+from litstream.schemas.policy import UNATTRIBUTED
 from litstream.streams.triplet_buffer import Collector, Limits
 
 
@@ -107,3 +108,13 @@ def test_partitions_given_back_are_read_again_as_after_a_restart() -> None:
     c.add_snapshot(0, 0, 100, ended("r", "a"))  # live again: finalized again, with the same triplet ids
     assert c.add_span(0, 0, 100, span("r", "a", 0), b"x") == []  # not a late span
     assert [len(a.spans) for a in c.ready(0, now_ms=200, at_end=True)] == [1]
+
+
+def test_spans_recorded_outside_any_attempt_are_counted_and_skipped() -> None:
+    c = Collector(Limits(orphan_after_ms=1))
+    for i in range(3):
+        notices = c.add_span(0, i, 1000 + i, span(UNATTRIBUTED, UNATTRIBUTED, i + 1), b"x")
+        assert notices == []
+    assert c.pending == {} and c.counts["unattributed"] == 3
+    assert c.orphans(10_000) == []  # never buffered, so never let go as an orphan either
+    assert c.commit_points()[0] == {0: 3}  # and the commit moves past them

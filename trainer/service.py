@@ -24,8 +24,9 @@ from typing import Any
 import torch
 from confluent_kafka import Consumer, TopicPartition
 
-from litstream.infra import health
+from litstream.infra import health, metrics
 from litstream.infra.kafka import consumer, poll_batch
+from litstream.infra.metrics import StatSeries
 from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
 from litstream.schemas.codec import DecodeError
@@ -144,6 +145,7 @@ class TrainerService:
 
     def run(self) -> None:
         self.publish()
+        metrics.mark_ready()
         c = consumer(self.settings, group_id=f"{self.settings.topic_prefix}-trainer")
         c.subscribe([self.topics.triplets], on_assign=self._on_assign)
         last_beat = 0.0
@@ -201,6 +203,7 @@ class TrainerService:
         self.counters["version"] = self.learner.version
         self.counters["waiting_s"] += waited
         self.counters["training_s"] += stats.seconds
+        _observe_step(stats)
         record = {"time": time.time(), "window": window.reason, "wait_s": waited, "save_s": save_s,
                   "reload_s": reload_s, "reward_by_generating_version": {v: sum(r) / len(r)
                                                                          for v, r in by_version.items()},
@@ -217,6 +220,20 @@ class TrainerService:
         log.warning("dead letter %s[%d]@%d: %s", letter.source_topic, partition, offset, reason)
         self.events.produce_raw(letter.topic, key, value, headers=letter.headers())
         self.counters["dead_letters"] += 1
+        metrics.record_dead_letter(ROLE, letter.source_topic, letter.error_type)
+
+
+def _observe_step(stats: StepStats) -> None:
+    metrics.TRAINER_STEP_SECONDS.observe(stats.seconds)
+    metrics.TRAINER_TOKENS_PER_SECOND.set(stats.tokens / stats.seconds if stats.seconds > 0 else 0.0)
+    metrics.POLICY_VERSION.set(stats.version)
+    metrics.TRAINER_REWARD_MEAN.set(stats.reward_mean)
+
+
+TRAINER_SERIES = {
+    "triplets": StatSeries("litstream_trainer_triplets", "Triplets the trainer read"),
+    "steps": StatSeries("litstream_trainer_steps", "GRPO steps taken"),
+}
 
 
 def read_metrics(data_dir: Path) -> list[dict[str, Any]]:
@@ -229,7 +246,10 @@ def read_metrics(data_dir: Path) -> list[dict[str, Any]]:
 def run(settings: Settings, cfg: TrainerConfig | None = None) -> None:
     """Run the trainer in the foreground until SIGINT/SIGTERM (or ``max_steps``)."""
     torch.set_num_threads(1)
+    metrics.serve(settings, ROLE)
     service = TrainerService(settings, cfg)
+    metrics.POLICY_VERSION.set(service.learner.version)
+    metrics.expose_stats(ROLE, lambda: service.counters, TRAINER_SERIES)
 
     def stop(*_: Any) -> None:
         service.stop_event.set()

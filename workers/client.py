@@ -5,10 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from litstream.infra.producer import EventProducer
 from litstream.schemas.events import AvroRolloutConfig, RolloutEnqueued, RolloutStatusChanged
 from litstream.schemas.models import RolloutConfig, RolloutMode, new_rollout_id
-
-from .producer import EventProducer
 
 
 def enqueue_rollout(events: EventProducer, input: Any, *, mode: RolloutMode | None = None,

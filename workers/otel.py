@@ -60,6 +60,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import format_span_id, format_trace_id
 
+from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings, get_settings
 from litstream.schemas.events import (
     AttemptHeartbeat,
@@ -71,7 +72,6 @@ from litstream.schemas.events import (
 )
 
 from .emitters import current_context
-from .producer import EventProducer
 from .sdk import SPAN_HEARTBEAT_S, AttemptContext
 
 log = logging.getLogger("litstream.otel")

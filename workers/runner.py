@@ -17,8 +17,10 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message, TopicPartition
 
-from litstream.infra import health
+from litstream.infra import health, metrics
 from litstream.infra.kafka import Backpressure, commit_sync, consumer, poll_batch
+from litstream.infra.metrics import StatSeries
+from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
 from litstream.schemas.codec import DecodeError
 from litstream.schemas.events import AttemptStarted, RolloutOffered
@@ -28,11 +30,18 @@ from litstream.streams.state import rollout_from_snapshot
 from litstream.streams.views import ResourcesView, RolloutsView
 
 from .agent import AttemptInputs, as_agent
-from .producer import EventProducer
+from .progress import Progress
 from .sdk import AttemptContext, attempt_context
 
 log = logging.getLogger("litstream.runner")
 ROLE = "runner"
+RUNNER_SERIES = {
+    "claimed": StatSeries("litstream_runner_claims", "Offers claimed, by outcome", {"outcome": "won"}),
+    "claims_lost": StatSeries("litstream_runner_claims", "Offers claimed, by outcome", {"outcome": "lost"}),
+    "succeeded": StatSeries("litstream_runner_attempts", "Attempts run, by outcome", {"outcome": "succeeded"}),
+    "failed": StatSeries("litstream_runner_attempts", "Attempts run, by outcome", {"outcome": "failed"}),
+    "spans": StatSeries("litstream_runner_spans", "Spans emitted by the agents"),
+}
 CLAIM_ROUNDS = 3  # claims sent at most per offer when no outcome comes back
 
 
@@ -42,7 +51,7 @@ class Runner:
     resources-published event reaches the next attempt without a restart."""
 
     def __init__(self, settings: Settings, agent: Any, concurrency: int = 1, heartbeat_s: float = 5.0,
-                 claim_wait_s: float = 120.0, drain_s: float = 30.0) -> None:
+                 claim_wait_s: float = 120.0, drain_s: float = 30.0, progress_s: float = 5.0) -> None:
         self.settings = settings
         self.agent = as_agent(agent)
         self.drain_s = drain_s
@@ -52,6 +61,8 @@ class Runner:
         self.worker_id = self.events.producer_id
         self.stop_event = threading.Event()
         self.stats = {"claimed": 0, "claims_lost": 0, "succeeded": 0, "failed": 0, "spans": 0}
+        self.progress = Progress()
+        self.progress_s = progress_s  # how often the progress line is logged
         self.claim_wait_s = claim_wait_s
         # Tells whether each claim won; keeps snapshots only of the rollouts this runner is claiming.
         self.claims = RolloutsView(settings, self.events.codec, watched_only=True)
@@ -82,6 +93,8 @@ class Runner:
                 if time.monotonic() - last_beat > 2.0:
                     health.beat(self.settings.data_dir, ROLE, **self.stats)
                     last_beat = time.monotonic()
+                if self.progress.due(time.monotonic(), self.progress_s):
+                    log.info("%s", self.progress.line())
                 limit = self.concurrency if max_rollouts is None else min(self.concurrency, max_rollouts - sent)
                 free = 0
                 while free < limit and self._slots.acquire(blocking=False):
@@ -115,6 +128,7 @@ class Runner:
                     self._slots.release()
         finally:
             self._drain()
+            log.info("%s (stopped)", self.progress.line())
             c.close()
             self.claims.close()
             health.beat(self.settings.data_dir, ROLE, stopped=True, **self.stats)
@@ -127,6 +141,7 @@ class Runner:
         except DecodeError as exc:
             letter = DeadLetter(topic, partition, offset, key, value, exc.reason, ROLE, "decode")
             self.events.produce_raw(letter.topic, key, value, headers=letter.headers())
+            metrics.record_dead_letter(ROLE, letter.source_topic, letter.error_type)
             return None
         self.claims.watch(offer.rollout_id)  # unwatched once the claim phase of _claim_then_run is over
         return (offer, *self._claim(offer))
@@ -217,6 +232,7 @@ class Runner:
         self._running[ctx.attempt_id] = ctx
         stop_beats = threading.Event()
         beats = threading.Thread(target=self._beat_attempt, args=(ctx, stop_beats), daemon=True)
+        reward: Any = None
         try:
             ctx.heartbeat()  # the attempt is running
             beats.start()
@@ -239,6 +255,7 @@ class Runner:
         with self._stats_lock:
             self.stats[outcome] += 1
             self.stats["spans"] += ctx.spans_emitted
+        self.progress.record(outcome, reward if reward is not None else ctx.last_reward, resources_id)
 
     def _beat_attempt(self, ctx: AttemptContext, stop: threading.Event) -> None:
         while not stop.wait(self.heartbeat_s):

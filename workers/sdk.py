@@ -104,6 +104,7 @@ class AttemptContext:
                                                    "agentlightning.rollout_id": rollout_id,
                                                    "agentlightning.attempt_id": attempt_id})
         self.spans_emitted = 0
+        self.last_reward: float | None = None  # the primary value of the latest reward emitted (progress lines)
         self._last_beat = float("-inf")
         self._undelivered = 0  # this attempt's spans not yet acknowledged by the broker
         self._span_errors: list[str] = []
@@ -160,6 +161,11 @@ class AttemptContext:
 
     def emit_reward(self, value: float | dict[str, float], primary_key: str | None = None) -> None:
         """Record a reward as the reference does: an ``agentlightning.annotation`` span (see emitters.py)."""
+        if isinstance(value, dict):
+            primary = value.get(primary_key) if primary_key else next(iter(value.values()), None)
+            self.last_reward = float(primary) if isinstance(primary, (int, float)) else None
+        else:
+            self.last_reward = float(value)
         with self.span(ANNOTATION_SPAN, reward_attributes(value, primary_key)) as handle:
             handle.status_code = "OK"
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import threading
 import time
 import urllib.error
@@ -23,14 +24,23 @@ import pyarrow as pa
 from clickhouse_connect.driver.client import Client
 
 from ..health import pid_alive
+from .guard import QueryLimits, UnsafeQueryError, check_read_only, explain_error
+
+__all__ = ["ChdbLockedError", "ClickHouse", "NoOwnerError", "QueryError", "QueryLimits", "QueryResult",
+           "UnsafeQueryError", "check_read_only", "query", "reader", "user_sql"]
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 OWNER_FILE = "litstream.owner.json"
+MAX_READERS = 4  # user queries at once per owner (each on a reader session of its own)
 SPAN_TTL_DAYS = 180
 
 
 class ChdbLockedError(RuntimeError):
     """The chDB directory is open in another process."""
+
+
+class NoOwnerError(RuntimeError):
+    """No process serves the chDB directory and this one may not open it (a stack may own it), or there is no data."""
 
 
 @dataclass(frozen=True)
@@ -83,13 +93,18 @@ class ClickHouse:
     """An open connection plus the lock that serialises its use across threads (the chDB client is not
     thread-safe)."""
 
-    def __init__(self, dsn: str, role: str, serves_api: bool = False) -> None:
-        """``serves_api``: this process will serve queries (:meth:`set_api`), so others wait for it to start."""
+    def __init__(self, dsn: str, role: str, serves_api: bool = False, limits: QueryLimits | None = None) -> None:
+        """``serves_api``: this process will serve queries (:meth:`set_api`), so others wait for it to start.
+        ``limits``: those of each user query (:meth:`user_query`)."""
         self.dsn = dsn
         self.role = role
         self.serves_api = serves_api
+        self.limits = limits or QueryLimits()
         self.path = chdb_dir(dsn)
         self.lock = threading.RLock()
+        # User queries run on reader sessions of their own (made on demand, reused), never on ``client``.
+        self._readers: queue.LifoQueue[Client] = queue.LifoQueue()
+        self._all_readers: list[Client] = []
         if self.path is not None:
             owner = read_owner(self.path)
             if owner is not None and owner.get("pid") != os.getpid():
@@ -152,46 +167,104 @@ class ClickHouse:
         with self.lock:
             self.client.command(sql)
 
-    def query(self, sql: str, readonly: bool = True) -> QueryResult:
+    def query(self, sql: str) -> QueryResult:
+        """The project's own SQL, on the writing session; user SQL goes to :meth:`user_query`."""
         with self.lock:
-            res = self.client.query(sql, settings={"readonly": 1} if readonly else None)
-        return QueryResult(list(res.column_names), [t.name for t in res.column_types],
-                           [list(r) for r in res.result_rows])
+            res = self.client.query(sql)
+        return _result(res)
+
+    def user_query(self, sql: str) -> QueryResult:
+        """A person's SQL: one read statement (else :class:`UnsafeQueryError`), run on a reader session with
+        ``readonly=1`` and the limits; an engine error comes back as :class:`QueryError` saying what to do."""
+        statement = check_read_only(sql)
+        client = self._reader()
+        settings = None if self.path is not None else self.limits.settings()
+        try:
+            out = _result(client.query(statement, settings=settings))
+            if not out.columns and statement.lstrip("( \n\t").upper().startswith(("SELECT", "WITH")):
+                # No rows: chDB sends no block, so no column names either; ask for them (a CSV keeps its header).
+                described = client.query(f"DESCRIBE ({statement})", settings=settings).result_rows
+                out = QueryResult([str(r[0]) for r in described], [str(r[1]) for r in described], [])
+        except Exception as exc:  # noqa: BLE001 (the engine's refusal, said plainly)
+            raise QueryError(explain_error(str(exc), self.limits)) from None
+        finally:
+            self._readers.put(client)
+        return out
+
+    def _reader(self) -> Client:
+        """A free reader session; a new one while there are fewer than MAX_READERS, else wait for one."""
+        try:
+            return self._readers.get_nowait()
+        except queue.Empty:
+            pass
+        with self.lock:
+            full = len(self._all_readers) >= MAX_READERS
+        if full:  # each query ends within its time limit, so a reader frees up
+            try:
+                return self._readers.get(timeout=self.limits.max_seconds + 30)
+            except queue.Empty:
+                raise QueryError(f"{MAX_READERS} queries are running; try again when one has finished") from None
+        if self.path is None:  # a server: settings ride with each query
+            client = clickhouse_connect.get_client(dsn=self.dsn)
+        else:  # chDB: one more handle on the engine, its session read-only for good
+            client = clickhouse_connect.get_client(dsn=self.dsn)
+            for name, value in self.limits.settings().items():
+                client.command(f"SET {name} = '{value}'")
+        with self.lock:
+            self._all_readers.append(client)
+        return client
 
     def close(self) -> None:
         with self.lock:
+            for client in self._all_readers:
+                client.close()
             self.client.close()
         if self.path is not None:
             release_owner(self.path)
 
 
+def _result(res: Any) -> QueryResult:
+    return QueryResult(list(res.column_names), [t.name for t in res.column_types],
+                       [list(r) for r in res.result_rows])
+
+
 class QueryError(RuntimeError):
-    pass
+    """A query the engine refused or stopped (syntax, readonly, a limit); the message says why."""
 
 
-def query(dsn: str, sql: str, timeout: float = 60.0) -> QueryResult:
-    """Run a read-only query from any process: through the chDB owner's API when one runs, else directly."""
-    api = owner_api(dsn)
-    if api is not None:
-        return query_api(api, sql, timeout)
-    ch = ClickHouse(dsn, role="query")
-    try:
-        return ch.query(sql)
-    finally:
-        ch.close()
+def query(dsn: str, sql: str, timeout: float = 60.0, may_open: bool = True, wait_s: float | None = None,
+          limits: QueryLimits | None = None) -> QueryResult:
+    """Run a person's read-only query from any process: through the chDB owner's API when one runs, else (only
+    with ``may_open``, and only when the directory holds data) on a read-only session opened here."""
+    with reader(dsn, timeout, may_open, wait_s=wait_s, limits=limits) as run:
+        return run(sql)
+
+
+def user_sql(dsn: str, sql: str, timeout: float = 60.0, wait_s: float = 10.0) -> QueryResult:
+    """A person's SQL from a service (the gateway's ``POST /v1/sql``): checked (:class:`UnsafeQueryError`), then
+    run by the owner of a chDB directory, never by opening it here (:class:`NoOwnerError` while none serves)."""
+    return query(dsn, check_read_only(sql), timeout, may_open=False, wait_s=wait_s)
 
 
 @contextmanager
-def reader(dsn: str) -> Iterator[Callable[[str], QueryResult]]:
-    """A query function for several queries in a row: through the owner's API when one runs, else on one
-    connection opened for the whole block (opening chDB costs more than a small query)."""
-    api = owner_api(dsn)
+def reader(dsn: str, timeout: float = 60.0, may_open: bool = True, wait_s: float | None = None,
+           limits: QueryLimits | None = None) -> Iterator[Callable[[str], QueryResult]]:
+    """A query function for several of a person's queries in a row: through the owner's API when one runs, else
+    on one connection opened for the whole block (opening chDB costs more than a small query).
+
+    ``may_open=False``: a stack may own the directory (starting, or restarting its sink), so wait for its owner
+    up to ``wait_s`` and never open it here."""
+    api = owner_api(dsn, wait_s=wait_s, wait_for_owner=not may_open)
     if api is not None:
-        yield lambda sql: query_api(api, sql)
+        yield lambda sql: query_api(api, check_read_only(sql), timeout)
         return
-    ch = ClickHouse(dsn, role="query")
+    path = chdb_dir(dsn)
+    if path is not None and not (path / "metadata").exists():
+        raise NoOwnerError(f"no ClickHouse data in {path} yet; start the stack with `litstream up` (nothing was "
+                           "created here)")
+    ch = ClickHouse(dsn, role="query", limits=limits)
     try:
-        yield ch.query
+        yield ch.user_query
     finally:
         ch.close()
 
@@ -199,15 +272,22 @@ def reader(dsn: str) -> Iterator[Callable[[str], QueryResult]]:
 OWNER_API_WAIT_S = 15.0  # how long a starting owner (directory claimed, API not up yet) is waited for
 
 
-def owner_api(dsn: str, wait_s: float | None = None) -> str | None:
+def owner_api(dsn: str, wait_s: float | None = None, wait_for_owner: bool = False) -> str | None:
     """The API of the live process that owns a chDB directory (not this one), or None when there is none (or
-    the DSN is a server). An owner still starting is waited for; one that never serves is a ChdbLockedError."""
+    the DSN is a server). An owner still starting is waited for; one that never serves is a ChdbLockedError.
+    ``wait_for_owner``: no owner yet is waited for too (a stack's sink starting), and in the end a NoOwnerError."""
     path = chdb_dir(dsn)
     if path is None:
         return None
     deadline = time.monotonic() + (OWNER_API_WAIT_S if wait_s is None else wait_s)
     while True:
         owner = read_owner(path)
+        if owner is None and wait_for_owner:
+            if time.monotonic() >= deadline:
+                raise NoOwnerError(f"the stack's span sink is not serving ClickHouse ({path}) yet: it is starting "
+                                   "or restarting; try again in a few seconds (`litstream status` shows it)")
+            time.sleep(0.1)
+            continue
         if owner is None or owner.get("pid") == os.getpid():
             return None
         if owner.get("api_url"):

@@ -74,7 +74,7 @@ class _QueryHandler(BaseHTTPRequestHandler):
             self._send(400, {"error": "body must be JSON {\"query\": \"SELECT ...\"}"})
             return
         try:
-            self._send(200, self.ch.query(sql).to_json())
+            self._send(200, self.ch.user_query(sql).to_json())
         except Exception as exc:  # noqa: BLE001 (a bad query is the caller's error, reported back)
             self._send(400, {"error": str(exc).strip().splitlines()[0][:2000]})
 
@@ -96,7 +96,7 @@ def serve_queries(ch: ClickHouse, host: str = "127.0.0.1", port: int = 0,
                   actions: dict[str, Action] | None = None) -> ThreadingHTTPServer:
     """Start the API in a daemon thread; returns the server (its ``server_address`` has the bound port).
 
-    ``POST /sql`` runs read-only SQL; ``actions`` adds owner-side operations by route (the sink adds ``/replay``,
+    ``POST /sql`` runs a person's read-only SQL on a reader session (``ClickHouse.user_query``); ``actions`` adds owner-side operations by route (the sink adds ``/replay``,
     the ClickHouse rebuild, which only the owner of a chDB directory can run)."""
     handler = type("QueryHandler", (_QueryHandler,), {"ch": ch, "routes": dict(actions or {})})
     server = ThreadingHTTPServer((host, port), handler)

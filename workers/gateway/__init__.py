@@ -16,12 +16,13 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 
 from litstream.infra import health
+from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
 from litstream.streams.store import LitStore
 
 from ..agl_api import PREFIX, build_agl_app
+from ..dashboard import add_dashboard_routes
 from ..otlp import add_otlp_routes
-from ..producer import EventProducer
 from . import rollouts, sql, status
 from .auth import OPEN_PATHS, bearer_auth
 from .context import CONTEXT, GatewayContext
@@ -57,11 +58,12 @@ def _heartbeat(ctx: GatewayContext) -> Callable[[web.Application], AsyncIterator
     return beat
 
 
-def _mount_store_apis(app: web.Application, store: LitStore) -> None:
+def _mount_store_apis(app: web.Application, settings: Settings, store: LitStore) -> None:
     """The Agent Lightning 0.3 REST API (for its stock client and runners) and OTLP/HTTP (any OpenTelemetry SDK
     sends its spans here), both on the one store, closed with the app."""
     app.add_subapp(PREFIX, build_agl_app(store))
     add_otlp_routes(app, store, MAX_BODY)
+    add_dashboard_routes(app, settings, store)  # the web dashboard at /, and /metrics
 
     async def close_store(_: web.Application) -> None:
         await store.close()
@@ -77,7 +79,7 @@ def build_app(settings: Settings) -> web.Application:
     for table in ROUTES:
         app.add_routes(table)
     app.cleanup_ctx.append(_heartbeat(ctx))
-    _mount_store_apis(app, LitStore(settings))
+    _mount_store_apis(app, settings, LitStore(settings))
     return app
 
 

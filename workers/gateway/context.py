@@ -9,10 +9,9 @@ from typing import Any
 
 from aiohttp import web
 
+from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
 from litstream.streams.stateview import StateView
-
-from ..producer import EventProducer
 
 
 class GatewayContext:

@@ -22,7 +22,9 @@ async def sql(request: web.Request) -> web.Response:
         return error(400, "a non-empty SQL string is required", "query")
     dsn = context_of(request).settings.resolved_clickhouse_dsn
     try:
-        res = await asyncio.to_thread(clickhouse.query, dsn, query)
-    except Exception as exc:  # the query's own error, for the caller
+        res = await asyncio.to_thread(clickhouse.user_sql, dsn, query)
+    except clickhouse.NoOwnerError as exc:  # the sink is (re)starting: try again, not a bad query
+        return error(503, str(exc))
+    except Exception as exc:  # the query's own error or refusal, for the caller
         return error(400, str(exc).strip().splitlines()[0][:2000], "query")
     return web.json_response(res.to_json(), dumps=lambda o: json.dumps(o, default=str))

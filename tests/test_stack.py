@@ -1,0 +1,67 @@
+"""The supervisor of `litstream up`: restarts with backoff, gives up on a child that keeps failing (naming it,
+with its log), and one stack per data dir."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from litstream.app.stack import ChildFailedError, RestartPolicy, Stack, StackLock, StackLockedError, log_tail
+from litstream.infra.settings import Settings
+from tests.waiting import until
+
+
+def test_backoff_doubles_up_to_its_cap() -> None:
+    policy = RestartPolicy(backoff_s=0.5, max_backoff_s=3.0)
+    assert [policy.delay(n) for n in range(1, 6)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+
+
+def test_a_child_that_keeps_failing_stops_the_stack_naming_it_with_its_log(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "data")
+    stack = Stack(settings, policy=RestartPolicy(backoff_s=0.05, max_restarts=2, window_s=600))
+    events: list[str] = []
+    try:
+        stack.start("bad-runner", "runner", "--agent", "no.such.module:agent")
+
+        def supervise() -> ChildFailedError | None:
+            try:
+                events.extend(stack.supervise())
+            except ChildFailedError as exc:
+                return exc
+            return None
+
+        failure = until("the supervisor to give up on bad-runner", supervise, timeout=120, every=0.05)
+    finally:
+        stack.stop()
+    assert failure.name == "bad-runner" and failure.code == 1
+    assert "bad-runner kept failing (3 crashes, last exit code 1)" in str(failure)
+    assert any("cannot load agent" in line for line in failure.tail)  # the log's last lines, in the message
+    assert "cannot load agent" in str(failure)
+    assert sum("restarted" in e for e in events) == 2  # restarted twice before giving up
+
+
+def test_a_second_stack_on_the_same_data_dir_is_refused_with_the_first_ones_pid(tmp_path: Path) -> None:
+    first, second = StackLock(tmp_path), StackLock(tmp_path)
+    first.acquire()
+    try:
+        (tmp_path / "stack.json").write_text(json.dumps({"pid": __import__("os").getpid(),
+                                                          "bootstrap_servers": "127.0.0.1:4242",
+                                                          "gateway_url": "http://127.0.0.1:8080"}))
+        before = (tmp_path / "stack.json").read_text()
+        with pytest.raises(StackLockedError, match="already runs") as info:
+            second.acquire()
+        assert "127.0.0.1:4242" in str(info.value) and "http://127.0.0.1:8080" in str(info.value)
+        assert (tmp_path / "stack.json").read_text() == before  # touched nothing
+    finally:
+        first.release()
+    second.acquire()  # free again once the first is gone
+    second.release()
+
+
+def test_log_tail_reads_the_last_lines(tmp_path: Path) -> None:
+    log = tmp_path / "x.log"
+    log.write_text("".join(f"line {i}\n" for i in range(100)))
+    assert log_tail(log, 3) == ["line 97", "line 98", "line 99"]
+    assert log_tail(tmp_path / "missing.log") == []

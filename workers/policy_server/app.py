@@ -1,0 +1,227 @@
+"""The aiohttp application: OpenAI's routes, plain and per attempt, answered by a backend and recorded as spans.
+
+Routes (each also under ``/rollout/{rid}/attempt/{aid}``, the URL a ``ProxyLLM`` resolves to for an attempt):
+``POST /v1/chat/completions``, ``POST /v1/completions`` (streaming with ``"stream": true``, SSE ending in
+``data: [DONE]``), ``GET /v1/models``; and ``GET /health`` (version and counters).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from litstream.schemas.events import AttrValue
+
+from .backends import Backend, Sampling
+from .openai_api import (
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    new_id,
+    now,
+    validation_error,
+)
+from .recorder import CallScope, SpanDraft, SpanRecorder
+from .responses import Call, full_response, models_list, span_attributes, sse, stream_chunks
+
+log = logging.getLogger("litstream.policy_server")
+ATTEMPT_PREFIX = "/rollout/{rid}/attempt/{aid}"
+DEFAULT_MAX_TOKENS = 256
+
+
+@dataclass
+class PolicyServer:
+    backend: Backend
+    recorder: SpanRecorder
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
+    api_key: str | None = None  # callers must send it as a bearer token
+    started: int = field(default_factory=now)
+    stats: dict[str, int] = field(default_factory=lambda: {"calls": 0, "errors": 0, "streams": 0,
+                                                           "disconnects": 0})
+
+    # -- a call ---------------------------------------------------------------------------------------------
+
+    async def scope_of(self, request: web.Request) -> CallScope:
+        rid, aid = request.match_info.get("rid"), request.match_info.get("aid")
+        if rid is None or aid is None:
+            return CallScope()
+        return await self.recorder.scope(rid, aid)
+
+    def sampling(self, req: ChatCompletionRequest | CompletionRequest, prompt: list[int]) -> Sampling:
+        limit = getattr(self.backend, "max_positions", None)
+        default = self.default_max_tokens
+        if limit is not None:  # an unset max_tokens fills what the context leaves, up to the default
+            default = max(1, min(default, int(limit) - len(prompt)))
+        return Sampling(max_new_tokens=req.max_new_tokens(default), temperature=req.temperature, top_p=req.top_p,
+                        seed=req.seed, stops=tuple(req.stops()))
+
+    async def answer(self, request: web.Request, kind: str) -> web.StreamResponse:
+        started_ns = time.time_ns()
+        req = await _parse(request, ChatCompletionRequest if kind == "chat" else CompletionRequest)
+        scope = await self.scope_of(request)
+        if isinstance(req, ChatCompletionRequest):
+            messages = [(str(m.role), m.text()) for m in req.messages]
+            prompt = self.backend.chat_prompt(messages)
+        else:
+            assert isinstance(req, CompletionRequest)
+            prompt = self.backend.text_prompt(req.prompt)  # type: ignore[arg-type]
+            text = req.prompt if isinstance(req.prompt, str) else self.backend.decode(req.prompt)  # type: ignore[arg-type]
+            messages = [("user", text)]
+        sampling = self.sampling(req, prompt)
+        reserved = asyncio.ensure_future(self.recorder.reserve(scope, req.n))  # meanwhile, the policy samples
+        try:
+            answer = await self.backend.generate(prompt, req.n, sampling)
+        except BaseException:
+            reserved.cancel()
+            raise
+        self.stats["calls"] += 1
+        call = Call(kind=kind, response_id=new_id("chatcmpl" if kind == "chat" else "cmpl"), created=now(),
+                    requested_model=req.model, served_model=self.backend.model_name, prompt_token_ids=prompt,
+                    messages=messages, generations=answer.generations, version=answer.version,
+                    logprobs=bool(req.logprobs) if kind == "chat" else req.logprobs is not None,
+                    token_ids=req.return_token_ids)
+        meta = _Recording(self, scope, call, sampling, request.path, started_ns, reserved)
+        if req.stream:
+            return await self._stream(request, call, req.include_usage(), meta)
+        body = full_response(call, self.backend.decode)
+        await meta.record()
+        return web.json_response(body)
+
+    async def _stream(self, request: web.Request, call: Call, include_usage: bool,
+                      meta: _Recording) -> web.StreamResponse:
+        self.stats["streams"] += 1
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        try:
+            await resp.prepare(request)
+            for chunk in stream_chunks(call, self.backend.decode, include_usage):
+                await resp.write(sse(chunk))
+            await resp.write(sse("[DONE]"))
+            await resp.write_eof()
+        except ConnectionError as exc:
+            self._disconnected(meta, exc)
+        except asyncio.CancelledError as exc:  # the server cancels handlers of clients that went away
+            self._disconnected(meta, exc)
+            raise
+        finally:
+            # The tokens were sampled whatever the client read: the span records them, marked when cut short.
+            await asyncio.shield(meta.record())
+        return resp
+
+    def _disconnected(self, meta: _Recording, exc: BaseException) -> None:
+        self.stats["disconnects"] += 1
+        meta.disconnected = f"client disconnected mid-stream ({type(exc).__name__})"
+        log.info("%s: %s", meta.call.response_id, meta.disconnected)
+
+
+@dataclass
+class _Recording:
+    server: PolicyServer
+    scope: CallScope
+    call: Call
+    sampling: Sampling
+    path: str
+    started_ns: int
+    reserved: asyncio.Future[int]
+    disconnected: str | None = None
+
+    async def record(self) -> None:
+        end_ns = time.time_ns()
+        params: dict[str, AttrValue] = {"temperature": self.sampling.temperature, "top_p": self.sampling.top_p,
+                                        "max_tokens": self.sampling.max_new_tokens, "seed": self.sampling.seed}
+        drafts = []
+        for i, gen in enumerate(self.call.generations):
+            attrs = span_attributes(self.call, gen, i, params, self.path)
+            if self.disconnected:
+                attrs["litstream.stream.disconnected"] = True
+            drafts.append(SpanDraft(name=f"{self.call.kind} {self.call.requested_model}", start_ns=self.started_ns,
+                                    end_ns=end_ns, attributes=attrs,
+                                    status_code="ERROR" if self.disconnected else "OK",
+                                    status_message=self.disconnected))
+        first = await self.reserved
+        self.server.recorder.record(self.scope, first, drafts)
+
+
+async def _parse(request: web.Request, model: type[ChatCompletionRequest] | type[CompletionRequest]) -> Any:
+    try:
+        raw = await request.json(loads=json.loads)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"The body is not valid JSON ({exc}); send a JSON object, e.g. "
+                            '{"model": "policy", "messages": [{"role": "user", "content": "hi"}]}',
+                       code="invalid_json") from None
+    if not isinstance(raw, dict):
+        raise ApiError(400, "The body must be a JSON object", code="invalid_json")
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+# --- the application ---------------------------------------------------------------------------------------
+
+SERVER: web.AppKey[PolicyServer] = web.AppKey("server", PolicyServer)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    server = request.app[SERVER]
+    try:
+        _authorize(request, server.api_key)
+        return await handler(request)
+    except ApiError as exc:
+        server.stats["errors"] += 1
+        return web.json_response(exc.body(), status=exc.status)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return web.json_response(ApiError(exc.status, f"{exc.reason}: {request.method} {request.path} (routes: "
+                                          "/v1/chat/completions, /v1/completions, /v1/models, optionally under "
+                                          "/rollout/{rid}/attempt/{aid})", code=str(exc.status)).body(),
+                                 status=exc.status)
+    except Exception as exc:  # the engine failed: the client gets OpenAI's server error, the log the traceback
+        server.stats["errors"] += 1
+        log.exception("%s %s failed", request.method, request.path)
+        return web.json_response(ApiError(500, f"The policy failed to answer: {type(exc).__name__}: {exc}",
+                                          "server_error").body(), status=500)
+
+
+def _authorize(request: web.Request, api_key: str | None) -> None:
+    if not api_key or request.path == "/health":
+        return
+    given = request.headers.get("Authorization", "")
+    if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+        raise ApiError(401, "Missing or wrong API key: send Authorization: Bearer <key> (the `api_key` of an OpenAI "
+                            "client), the key set in LITSTREAM_POLICY_SERVER_TOKEN", code="invalid_api_key")
+
+
+def build_app(server: PolicyServer) -> web.Application:
+    app = web.Application(middlewares=[_errors], client_max_size=16 << 20)
+    app[SERVER] = server
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        return await server.answer(request, "chat")
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        return await server.answer(request, "text_completion")
+
+    async def models(request: web.Request) -> web.Response:
+        await server.scope_of(request)
+        return web.json_response(models_list([server.backend.model_name], server.started, server.backend.version))
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"version": server.backend.version, "model": server.backend.model_name,
+                                  **server.stats, "recorder": server.recorder.stats})
+
+    for prefix in ("", ATTEMPT_PREFIX):
+        app.router.add_post(prefix + "/v1/chat/completions", chat)
+        app.router.add_post(prefix + "/v1/completions", completions)
+        app.router.add_get(prefix + "/v1/models", models)
+    app.router.add_get("/health", health)
+    return app

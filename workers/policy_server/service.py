@@ -1,0 +1,113 @@
+"""Running the policy server as a process of the stack: Kafka clients, the routes, the version follower."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from litstream.infra import health
+from litstream.infra.producer import EventProducer
+from litstream.infra.settings import Settings
+from litstream.streams.views import RolloutsView
+
+from .app import DEFAULT_MAX_TOKENS, PolicyServer, build_app
+from .backends import Backend
+from .recorder import SpanRecorder
+from .versions import VersionFollower
+
+log = logging.getLogger("litstream.policy_server")
+ROLE = "policy-server"
+
+
+@dataclass
+class ServerOptions:
+    host: str = "127.0.0.1"
+    port: int = 8090
+    publish: bool = False  # republish each policy version as a ProxyLLM at public_url
+    public_url: str | None = None  # how runners reach this server; default http://<host>:<port>
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
+
+    def endpoint(self, bound_port: int) -> str:
+        """The ``.../v1`` URL runners are given (the bound port when ``port`` 0 asked for any free one). A server
+        bound to every interface is named by its host name: 0.0.0.0 reaches nobody from another machine."""
+        host = socket.gethostname() if self.host in ("0.0.0.0", "::", "") else self.host
+        return (self.public_url or f"http://{host}:{bound_port}").rstrip("/").removesuffix("/v1") + "/v1"
+
+
+class RunningServer:
+    """The server started in the current event loop (tests and benchmarks use it directly)."""
+
+    def __init__(self, settings: Settings, backend: Backend, options: ServerOptions) -> None:
+        self.settings = settings
+        self.options = options
+        self.producer = EventProducer(settings, role=ROLE)
+        self.rollouts = RolloutsView(settings, self.producer.codec)
+        self.recorder = SpanRecorder(self.producer, self.rollouts, service_name=ROLE)
+        token = settings.policy_server_token.get_secret_value() if settings.policy_server_token else None
+        self.server = PolicyServer(backend, self.recorder, default_max_tokens=options.default_max_tokens,
+                                   api_key=token)
+        self.follower: VersionFollower | None = None
+        self._runner: web.AppRunner | None = None
+        self._poller: asyncio.Task[None] | None = None
+        self.port = options.port
+
+    async def start(self) -> None:
+        self._runner = web.AppRunner(build_app(self.server), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.options.host, self.options.port)
+        await site.start()
+        sockets = getattr(site._server, "sockets", None) or []  # the bound port, when 0 asked for any free one
+        if sockets:
+            self.port = int(sockets[0].getsockname()[1])
+        endpoint = self.options.endpoint(self.port) if self.options.publish else None
+        self.follower = VersionFollower(self.settings, self.producer, self.server.backend, public_endpoint=endpoint,
+                                        api_key=self.server.api_key)
+        self._poller = asyncio.create_task(self._serve_reports(), name="policy-server-reports")
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.options.host}:{self.port}/v1"
+
+    async def _serve_reports(self) -> None:
+        """Delivery reports of the spans and heartbeats, and the health beat (once a second)."""
+        while True:
+            health.beat(self.settings.data_dir, ROLE, url=self.base_url, version=self.server.backend.version,
+                        **self.server.stats, **self.recorder.stats)
+            await asyncio.to_thread(self.producer.poll, 1.0)
+
+    async def stop(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self.follower is not None:
+            self.follower.close()
+        await asyncio.to_thread(self.producer.flush)
+        self.rollouts.close()
+        self.server.backend.close()
+        health.beat(self.settings.data_dir, ROLE, stopped=True)
+
+
+async def _serve(settings: Settings, backend: Backend, options: ServerOptions) -> None:
+    running = RunningServer(settings, backend, options)
+    await running.start()
+    log.info("policy server on %s (model %s, version %d)", running.base_url, backend.model_name, backend.version)
+    print(f"policy server on {running.base_url} (model {backend.model_name}, version {backend.version})", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await running.stop()
+
+
+def run(settings: Settings, backend: Backend, options: ServerOptions) -> None:
+    """Serve in the foreground until SIGINT/SIGTERM."""
+    asyncio.run(_serve(settings, backend, options))
