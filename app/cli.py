@@ -176,6 +176,10 @@ def child_specs(settings: Settings, runners: bool, with_gateway: bool, train: bo
 @click.option("--train/--no-train", default=False,
               help="Also run the triplet processor and the GRPO trainer (tiny policy); with --runners, the runner "
                    "runs the policy agent.")
+@click.option("--max-restarts", default=5, show_default=True, type=click.IntRange(min=0),
+              help="Crashes of one child within 2 minutes that are restarted; one more stops the stack.")
+@click.option("--policy-server/--no-policy-server", "with_policy_server", default=True, show_default=True,
+              help="Serve the policy over the OpenAI API (LITSTREAM_POLICY_SERVER_PORT, 8090).")
 @click.option("--ephemeral", is_flag=True,
               help="Keep the broker's log in memory (faster; lost when the stack stops) instead of on disk under "
                    "the data dir. Same as LITSTREAM_BROKER_STORAGE=memory.")

@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import TopicPartition
 
@@ -128,13 +129,13 @@ def _latency(settings: Settings, topic: str, samples: int) -> list[float]:
         c.subscribe([topic])
         p.produce(topic, b"warm")
         flush_or_raise(p)
-        _poll_until(c, lambda m: m.value() == b"warm", 60)
+        _poll_until(c, lambda v: v == b"warm", 60)
         for i in range(samples):
             marker = f"m{i}".encode()
             start = time.perf_counter()
             p.produce(topic, marker)
             p.poll(0)
-            _poll_until(c, lambda m, marker=marker: m.value() == marker, 30)
+            _poll_until(c, marker.__eq__, 30)
             out.append(time.perf_counter() - start)
     finally:
         c.close()
@@ -142,11 +143,11 @@ def _latency(settings: Settings, topic: str, samples: int) -> list[float]:
     return out
 
 
-def _poll_until(c: object, match: Callable[[object], bool], timeout: float) -> None:
+def _poll_until(c: Any, match: Callable[[bytes | None], bool], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        msg = c.poll(0.05)  # type: ignore[attr-defined]
-        if msg is not None and msg.error() is None and match(msg):
+        msg = c.poll(0.05)
+        if msg is not None and msg.error() is None and match(msg.value()):
             return
     raise TimeoutError("record not seen")
 
@@ -156,7 +157,7 @@ def _commit_half(settings: Settings, topic: str) -> dict[int, int]:
     c = consumer(settings, group_id="bench-restart")
     ends: dict[int, int] = {}
     for msg in read_to_end(settings, topic, timeout=600):
-        ends[msg.partition()] = msg.offset() + 1
+        ends[int(msg.partition() or 0)] = int(msg.offset() or 0) + 1
     offsets = {p: e // 2 for p, e in ends.items()}
     c.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
     c.close()

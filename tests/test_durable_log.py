@@ -71,7 +71,7 @@ class UpProcess:
     def start(self) -> Settings:
         (self.data_dir / "stack.json").unlink(missing_ok=True)
         with open(self.data_dir.parent / "up.log", "ab") as log:
-            self.up = subprocess.Popen([sys.executable, "-m", "litstream.app.cli", "up", "--no-gateway"],
+            self.up = subprocess.Popen([sys.executable, "-m", "litstream.app.cli", "up", "--no-gateway", "--no-policy-server"],
                                        env=self.env, stdout=log, stderr=subprocess.STDOUT)
         info = until("the stack file", lambda: _stack_info(self.data_dir, self.up), timeout=60)
         self.settings = Settings(bootstrap_servers=info["bootstrap_servers"], topic_prefix=info["topic_prefix"],
