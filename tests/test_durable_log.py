@@ -260,3 +260,16 @@ def test_a_stack_stopped_mid_run_comes_back_with_everything(stack: UpProcess, st
 def test_a_full_disk_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="MB free on the disk of .*free some space"):
         check_free_space(tmp_path / "log", minimum=2**62)
+
+
+def test_status_shows_the_disk_the_log_takes(tmp_path: Path) -> None:
+    from rich.table import Table
+
+    from litstream.app.cli import _log_disk_row
+
+    (tmp_path / "log").mkdir()
+    (tmp_path / "log" / "kafka.json").write_bytes(b"x" * 3 * 2**20)
+    table = Table("part", "state", "detail")
+    _log_disk_row(table, Settings(data_dir=tmp_path))
+    detail = str(table.columns[2]._cells[0])
+    assert table.columns[0]._cells[0] == "disk" and detail.startswith("log 3.0 MB in ") and "free" in detail
