@@ -65,48 +65,52 @@ class UpProcess:
                     "PYTHONPATH": os.pathsep.join([TESTS_DIR, os.environ.get("PYTHONPATH", "")])}
         self.env.pop("LITSTREAM_BOOTSTRAP_SERVERS", None)
         self.up: subprocess.Popen[bytes] | None = None
-        self.runner: subprocess.Popen[bytes] | None = None
+        self.others: list[subprocess.Popen[bytes]] = []  # the triplet processor and a runner
         self.settings: Settings | None = None
 
     def start(self) -> Settings:
         (self.data_dir / "stack.json").unlink(missing_ok=True)
         with open(self.data_dir.parent / "up.log", "ab") as log:
-            self.up = subprocess.Popen([sys.executable, "-m", "litstream.app.cli", "up", "--no-gateway", "--no-policy-server"],
-                                       env=self.env, stdout=log, stderr=subprocess.STDOUT)
+            self.up = subprocess.Popen(
+                [sys.executable, "-m", "litstream.app.cli", "up", "--no-gateway", "--no-policy-server"],
+                env=self.env, stdout=log, stderr=subprocess.STDOUT)
         info = until("the stack file", lambda: _stack_info(self.data_dir, self.up), timeout=60)
         self.settings = Settings(bootstrap_servers=info["bootstrap_servers"], topic_prefix=info["topic_prefix"],
                                  partitions=1, data_dir=self.data_dir, local_session_timeout_ms=6000)
-        for role, key in (("lifecycle", None), ("span-sink", "inserted"), ("triplets", None)):
+        for role, key in (("lifecycle", None), ("span-sink", "inserted")):
             until(f"{role} ready", lambda r=role, k=key: _ready(self.data_dir, r, k), timeout=120)
-        runner_env = {**self.env, "LITSTREAM_BOOTSTRAP_SERVERS": self.settings.bootstrap_servers}
-        with open(self.data_dir.parent / "runner.log", "ab") as log:
-            self.runner = subprocess.Popen(
-                [sys.executable, "-m", "litstream.app.cli", "runner", "--agent",
-                 "fault_agents:llm_call_or_stall_first", "--concurrency", "4",
-                 "--drain", "1"],
-                env=runner_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        # `up` runs the triplet processor only with the trainer (--train): started beside it, with a runner
+        env = {**self.env, "LITSTREAM_BOOTSTRAP_SERVERS": self.settings.bootstrap_servers}
+        self.others = [self._spawn(env, "triplets", "process", "triplets"),
+                       self._spawn(env, "runner", "runner", "--agent", "fault_agents:llm_call_or_stall_first",
+                                   "--concurrency", "4", "--drain", "1")]
+        until("triplets ready", lambda: _ready(self.data_dir, "triplets", None), timeout=120)
         return self.settings
+
+    def _spawn(self, env: dict[str, str], name: str, *args: str) -> subprocess.Popen[bytes]:
+        with open(self.data_dir.parent / f"{name}.log", "ab") as log:
+            return subprocess.Popen([sys.executable, "-m", "litstream.app.cli", *args], env=env, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
 
     def terminate(self) -> None:
         """What Ctrl-C does: every process is asked to stop and cleans up."""
-        for proc in (self.runner, self.up):
+        for proc in [*reversed(self.others), self.up]:
             if proc is not None and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(60)
 
     def kill_all(self) -> None:
-        """SIGKILL of every process of the stack at once: `up`, its children (broker, s3rver, processors), the
-        runner."""
-        pids = [p.pid for p in (self.up, self.runner) if p is not None]
-        pids += _descendants(pids[0])
+        """SIGKILL of every process of the stack at once: `up`, its children (broker, processors), the triplet
+        processor and the runner."""
+        assert self.up is not None
+        pids = [self.up.pid, *(p.pid for p in self.others), *_descendants(self.up.pid)]
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        for proc in (self.up, self.runner):
-            if proc is not None:
-                proc.wait(30)
+        for proc in [self.up, *self.others]:
+            proc.wait(30)
         for pid in pids:
             until(f"process {pid} gone", lambda p=pid: not _exists(p), timeout=30)
 
