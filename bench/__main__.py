@@ -16,7 +16,18 @@ from pathlib import Path
 
 from rich.console import Console
 
-from .harness import BENCHMARKS, RESULTS_DIR, Context, agl_python, machine, print_machine, print_report, save
+from .harness import (
+    BENCHMARKS,
+    RESULTS_DIR,
+    Context,
+    Report,
+    agl_python,
+    machine,
+    print_machine,
+    print_report,
+    save,
+)
+from .summary import markdown, print_summary, rows_of, summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +57,24 @@ def main(argv: list[str] | None = None) -> int:
     m = machine()
     print_machine(console, m)
     ctx = Context(quick=args.quick, agl=not args.no_agl, console=console)
-    failed = []
+    failed: list[str] = []
+    reports = run_all(args, ctx, m, failed)
+    lines = summary(reports)
+    if lines:
+        console.rule("[bold]summary[/]: litstream beside the reference, this run")
+        print_summary(console, lines)
+        path = save(args.results_dir, "summary", m, Report(rows_of(lines)), quick=args.quick, elapsed_s=0.0)
+        md = path.with_suffix(".md")
+        md.write_text(markdown(lines))
+        console.print(f"saved {path} and {md.name} (the table as Markdown, for the README)")
+    return 1 if failed else 0
+
+
+def run_all(args: argparse.Namespace, ctx: Context, m: dict[str, object], failed: list[str]) -> dict[str, Report]:
+    """Run the chosen benchmarks in turn; their reports by name (a failed one is left out and named in
+    ``failed``)."""
+    reports: dict[str, Report] = {}
+    console = ctx.console
     for name in args.only or list(BENCHMARKS):
         module = importlib.import_module(BENCHMARKS[name])
         console.rule(f"[bold]{name}[/]: {module.TITLE}" + (" (--quick)" if args.quick else ""))
@@ -61,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         print_report(console, f"{name} ({elapsed:.0f} s)", report)
         path = save(args.results_dir, name, m, report, quick=args.quick, elapsed_s=elapsed)
         console.print(f"saved {path}")
-    return 1 if failed else 0
+        reports[name] = report
+    return reports
 
 
 if __name__ == "__main__":

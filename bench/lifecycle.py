@@ -2,7 +2,7 @@
 run on, bounded concurrency, percentiles, and the Agent Lightning baseline's labels.
 
 The pipeline is real: an embedded broker (Tansu) of its own with the catalogue's topics, the lifecycle processor
-as a process of its own (``litstream process lifecycle`` through ``infra.stack.Stack``), and the store (``LitStore``)
+as a process of its own (``litstream process lifecycle`` through ``app.stack.Stack``), and the store (``LitStore``)
 in the benchmark's process. Everything is stopped on the way out, whatever happens.
 """
 
@@ -91,8 +91,8 @@ async def claim(store: LitStore, n: int, batch: int, stall_s: float = 30.0) -> l
     """Claim n rollouts: ``dequeue_rollout`` one by one (batch 1) or ``dequeue_many_rollouts(limit=batch)``.
 
     LitStore claims one offer at a time whatever the call (each claim waits for its outcome before the offer is
-    committed), and concurrent dequeue calls on one store are not supported (see the README), so this is the
-    claim path at its best. Raises if no offer arrives for ``stall_s``.
+    committed), and concurrent dequeue calls on one store are serialised (``LitStore.dequeue_many_rollouts``), so
+    this is the claim path at its best. Raises if no offer arrives for ``stall_s``.
     """
     claimed: list[AttemptedRollout] = []
     last_progress = time.monotonic()

@@ -2,7 +2,7 @@
 lag driven back to zero and nothing lost.
 
 The stack: the embedded broker (Tansu, memory storage), the lifecycle processor, the span sink (chDB), the triplet
-processor and several runner processes, each a process of its own (``infra.stack.Stack``, as ``litstream up``
+processor and several runner processes, each a process of its own (``app.stack.Stack``, as ``litstream up``
 runs them). The runners run ``soak_agent`` below: a cheap agent that writes ``spans`` spans per rollout (a root, one
 LLM call with token ids, tool steps, the reward), so the triplet processor has one triplet to make per rollout.
 This process enqueues the rollouts with at most ``in_flight`` unfinished at a time, follows ``rollout-state`` to
@@ -85,7 +85,7 @@ class Sizes:
 
 
 # 16 partitions, not the default 4: the lifecycle processor's produce requests carry one batch per partition, so
-# more partitions mean more records per request; the rates in the README were measured with 16.
+# more partitions mean more records per request; the rates in docs/benchmarks.md were measured with 16.
 FULL = Sizes(rollouts=100_000, spans=10, runners=4, concurrency=32, partitions=16, fetch_wait_ms=100)
 DEFAULT = Sizes(rollouts=1_000, spans=10, runners=4, concurrency=32, partitions=16)  # `python -m litstream.bench`: a smoke run
 QUICK = Sizes(rollouts=300, spans=10, runners=2, concurrency=4, partitions=4, in_flight=300, sample_s=2.0,

@@ -58,6 +58,14 @@ POLICY_VERSION = Gauge("litstream_policy_version", "The newest policy version th
 TRAINER_REWARD_MEAN = Gauge("litstream_trainer_reward_mean", "Mean reward of the samples of the last step",
                             registry=REGISTRY)
 
+OTLP_REJECTED_SPANS = Counter("litstream_otlp_rejected_spans", "OTLP spans the gateway refused in a request it "
+                              "answered 200 (partialSuccess), by the kind of reason (missing_rollout_id, "
+                              "unknown_rollout, unknown_attempt, no_attempt, bad_id, no_name, invalid)",
+                              ["reason"], registry=REGISTRY)
+OTLP_REJECTED_REQUESTS = Counter("litstream_otlp_rejected_requests", "OTLP requests the gateway refused as a "
+                                 "whole, by HTTP status (400 undecodable, 413 too large, 415 wrong type, 503 "
+                                 "pipeline not answering)", ["status"], registry=REGISTRY)
+
 
 def record_dead_letter(role: str, source_topic: str, reason_kind: str) -> None:
     DEAD_LETTERS.labels(role=role, topic=source_topic, reason=reason_kind).inc()

@@ -13,6 +13,7 @@ from litstream.schemas.codec import Codec, default_codec
 from litstream.schemas.events import AvroModel, EventFactory
 
 log = logging.getLogger("litstream.producer")
+POLL_EVERY = 64
 
 
 class EventProducer:
@@ -26,6 +27,7 @@ class EventProducer:
         self.factory = EventFactory(settings.producer_id, role=role)
         self._errors: list[str] = []
         self._producer = producer(settings, **producer_overrides)
+        self._unpolled = 0  # records produced since the last poll (a race between threads only shifts a poll)
 
     @property
     def producer_id(self) -> str:
@@ -50,19 +52,26 @@ class EventProducer:
                     headers: Iterable[tuple[str, bytes]] | None = None) -> None:
         """Enqueue an encoded record; waits while the local queue is full (back-pressure, never a drop)."""
         kafka_headers: Headers | None = None if headers is None else list(headers)
-
-        def report(err: Any, msg: Any) -> None:
-            self._on_delivery(err, msg)
-            if on_delivery is not None:
-                on_delivery(err, msg)
-
+        report = self._on_delivery if on_delivery is None else self._reporter(on_delivery)
         while True:
             try:
                 self._producer.produce(topic, key=key, value=value, on_delivery=report, headers=kafka_headers)
                 break
             except BufferError:  # local queue full: serve delivery reports, then retry
                 self._producer.poll(0.1)
-        self._producer.poll(0)
+        # Delivery reports are served every POLL_EVERY records, not after each: a poll per record costs as much
+        # as the produce itself. flush() and a full queue serve them too, so none is lost, only later.
+        self._unpolled += 1
+        if self._unpolled >= POLL_EVERY:
+            self._unpolled = 0
+            self._producer.poll(0)
+
+    def _reporter(self, on_delivery: Any) -> Any:
+        def report(err: Any, msg: Any) -> None:
+            self._on_delivery(err, msg)
+            on_delivery(err, msg)
+
+        return report
 
     def flush(self, timeout: float = 30.0) -> None:
         flush_or_raise(self._producer, timeout)

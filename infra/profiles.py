@@ -1,7 +1,7 @@
 """Client settings per broker profile.
 
-The embedded broker (Tansu) has measured defects (see the README's "Embedded stack" section): slow first group
-joins and a ListOffsets that does not return the log end. Its workarounds live here, so the code paths that
+The embedded broker (Tansu) has measured defects (see docs/embedded-stack.md, "Kafka: Tansu"): slow first
+group joins and a ListOffsets that does not return the log end. Its workarounds live here, so the code paths that
 build clients stay the same against Apache Kafka.
 """
 

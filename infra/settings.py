@@ -84,6 +84,8 @@ class Settings(BaseSettings):
     gateway_host: str = "127.0.0.1"
     gateway_port: int = 8080
     gateway_token: SecretStr | None = None
+    # Origins a browser page may call the gateway from (CORS), comma-separated, or "*"; empty: CORS off.
+    gateway_cors_origins: str = ""
 
     # The policy endpoint (`litstream policy-server`): where it listens, and the API key its callers must send
     # (``Authorization: Bearer <key>``, what OpenAI clients send as ``api_key``); none: no check.

@@ -143,16 +143,20 @@ class Codec:
 
     # -- encoding --
     def encode(self, record: AvroModel) -> bytes:
-        name = type(record).avro_name  # type: ignore[attr-defined]
+        return self.encode_record(type(record).avro_name, record.to_wire_record())  # type: ignore[attr-defined]
+
+    def encode_record(self, name: str, record: dict[str, Any]) -> bytes:
+        """Encode an Avro record of type ``name`` that was built directly, without a model: for producers whose
+        input is already typed (the OTel exporter's spans). The builder owns the checks a model would make;
+        fastavro's writer still refuses a value its schema type cannot hold."""
         schema, fp = self._writers[name]
         buf = io.BytesIO()
         if self.registry is not None:
             schema_id = self.registry.register(name, to_parsing_canonical_form(schema))
             buf.write(struct.pack(">bI", CONFLUENT_MAGIC, schema_id))
         else:
-            buf.write(SINGLE_OBJECT_MAGIC)
-            buf.write(fp)
-        fastavro.schemaless_writer(buf, schema, record.to_record())
+            buf.write(SINGLE_OBJECT_MAGIC + fp)
+        fastavro.schemaless_writer(buf, schema, record)
         return buf.getvalue()
 
     # -- decoding --
@@ -179,6 +183,23 @@ class Codec:
         raise DecodeError(f"not a litstream Avro message (first bytes {data[:4].hex() or 'empty'})")
 
     def decode(self, data: bytes | None) -> AvroModel:
+        cls, name, rec = self._read(data)
+        try:
+            return cls.from_record(rec)
+        except ValidationError as exc:
+            raise DecodeError(f"invalid {name}: {_first_error(exc)}") from None
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:  # e.g. a JSON field that is not JSON
+            raise DecodeError(f"invalid {name}: {type(exc).__name__}: {exc}") from None
+
+    def decode_record(self, data: bytes | None, cls: type[AvroModel]) -> dict[str, Any]:
+        """The Avro record itself (a dict, JSON fields still strings), no model: for consumers that only move
+        the data on (the sink's columns), where building models would be most of the work."""
+        got, name, rec = self._read(data)
+        if got is not cls:
+            raise DecodeError(f"expected {cls.__name__}, got {got.__name__}")
+        return rec
+
+    def _read(self, data: bytes | None) -> tuple[type[AvroModel], str, dict[str, Any]]:
         if not data:
             raise DecodeError("empty message")
         writer, offset = self._writer_schema(data)
@@ -194,10 +215,9 @@ class Codec:
             raise DecodeError(f"corrupt {name} body: {type(exc).__name__}: {exc}") from None
         if body.tell() != len(data) - offset:
             raise DecodeError(f"corrupt {name} body: {len(data) - offset - body.tell()} trailing bytes")
-        try:
-            return cls.model_validate(rec)
-        except ValidationError as exc:
-            raise DecodeError(f"invalid {name}: {_first_error(exc)}") from None
+        if not isinstance(rec, dict):
+            raise DecodeError(f"corrupt {name} body: not a record")
+        return cls, name, rec
 
     def decode_as(self, data: bytes | None, cls: type[M]) -> M:
         record = self.decode(data)

@@ -12,7 +12,8 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, ClassVar, Literal
+from types import UnionType
+from typing import Any, ClassVar, Literal, Self, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -52,26 +53,157 @@ class AvroModel(BaseModel):
         return self
 
     def to_record(self) -> dict[str, Any]:
+        """The Avro record: pydantic's own (compiled) dump, then each JSON field, however deep, as its string."""
+        return _plan_of(type(self)).dump(self.model_dump())
+
+    def to_wire_record(self) -> dict[str, Any]:
+        """:meth:`to_record` for fastavro's writer: attribute values tagged with their union branch (fastavro's
+        tuple notation), which spares it trying each branch of the attribute union in turn (measured: +40% on
+        the writer's part for a span with 17 attributes)."""
+        return _plan_of(type(self)).dump(self.model_dump(), tag=True)
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Self:
+        """The model of a record the codec decoded, without validating it again.
+
+        Records on the log were validated where they were made (every producer builds the model); decoding them
+        is on every consumer's hot path. Raises ValueError when a JSON field is not JSON.
+        """
+        return _plan_of(cls).load(record)  # type: ignore[return-value]
+
+
+# --- fast paths between models and Avro records ---------------------------------------------------------------
+# For each model class, which fields need more than a copy: JSON fields (a string on the wire) and nested models
+# (a dict on the wire). Computed once per class from the pydantic field annotations.
+
+
+def _strip_optional(annotation: Any) -> Any:
+    if get_origin(annotation) in (Union, UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return annotation
+
+
+class _Nested:
+    """How a field holds a model: ``one`` model, a ``list`` of them, or a ``dict`` of them."""
+
+    def __init__(self, shape: str, cls: type[BaseModel]) -> None:
+        self.shape = shape
+        self.cls = cls
+
+    def load(self, value: Any) -> Any:
+        if value is None:
+            return None
+        plan = _plan_of(self.cls)
+        if self.shape == "one":
+            return plan.load(value)
+        if self.shape == "list":
+            return [plan.load(v) for v in value]
+        return {k: plan.load(v) for k, v in value.items()}
+
+    def dump(self, value: Any, tag: bool) -> Any:
+        plan = _plan_of(self.cls)
+        if value is None or not (plan.dumps_json or tag and plan.tags):
+            return value
+        if self.shape == "one":
+            return plan.dump(value, tag)
+        if self.shape == "list":
+            return [plan.dump(v, tag) for v in value]
+        return {k: plan.dump(v, tag) for k, v in value.items()}
+
+
+def _nested(annotation: Any) -> _Nested | None:
+    annotation = _strip_optional(annotation)
+    origin, args = get_origin(annotation), get_args(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return _Nested("one", annotation)
+    if origin is list and args and isinstance(args[0], type) and issubclass(args[0], BaseModel):
+        return _Nested("list", args[0])
+    if origin is dict and len(args) == 2 and isinstance(args[1], type) and issubclass(args[1], BaseModel):
+        return _Nested("dict", args[1])
+    return None
+
+
+# The branch of the attribute union (see SpanRecorded.avsc) that holds each Python type of AttrValue.
+_BRANCH: dict[type, str] = {str: "string", bool: "boolean", int: "long", float: "double", type(None): "null",
+                            list: "array"}
+
+
+def tagged_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
+    """Attribute values in fastavro's tuple notation: (union branch, value)."""
+    return {k: (b, v) if (b := _BRANCH.get(type(v))) is not None else v for k, v in attributes.items()}
+
+
+class _Plan:
+    """Model <-> Avro record for one class."""
+
+    def __init__(self, cls: type[BaseModel]) -> None:
+        self.cls = cls
+        self.names = tuple(cls.model_fields)
+        self.name_set = frozenset(self.names)
+        self.json_fields: tuple[str, ...] = tuple(sorted(getattr(cls, "json_fields", ())))
+        self.nested = {name: n for name, f in cls.model_fields.items() if (n := _nested(f.annotation)) is not None}
+        # A JSON field written as null by another version of a schema takes this model's default.
+        self.json_defaults = {name: cls.model_fields[name].get_default(call_default_factory=True)
+                              for name in self.json_fields}
+        nested_plans = [_plan_of(n.cls) for n in self.nested.values()]
+        self.dumps_json: bool = bool(self.json_fields) or any(p.dumps_json for p in nested_plans)
+        self.attr_fields: tuple[str, ...] = tuple(getattr(cls, "attr_fields", ()))
+        self.tags: bool = bool(self.attr_fields) or any(p.tags for p in nested_plans)
+
+    def dump(self, data: dict[str, Any], tag: bool = False) -> dict[str, Any]:
+        """``model_dump()`` output -> Avro record (in place); ``tag``: attribute values in tuple notation."""
+        for name in self.json_fields:
+            data[f"{name}_json"] = _dumps(data.pop(name))
+        if tag:
+            for name in self.attr_fields:
+                data[name] = tagged_attributes(data[name])
+        for name, nested in self.nested.items():
+            data[name] = nested.dump(data[name], tag)
+        return data
+
+    def _parse_json(self, record: dict[str, Any]) -> dict[str, Any]:
+        """The record with each JSON field parsed, in the model's field order (a model dumps in its dict's)."""
         out: dict[str, Any] = {}
-        for name in type(self).model_fields:
-            value = getattr(self, name)
-            if name in self.json_fields:
-                out[f"{name}_json"] = _dumps(value)
-            else:
-                out[name] = _avro_value(value)
+        for name in self.names:
+            if name in self.json_defaults:
+                raw = record.get(f"{name}_json")
+                out[name] = json.loads(raw) if raw is not None else self.json_defaults[name]
+            elif name in record:
+                out[name] = record[name]
         return out
 
+    def load(self, record: dict[str, Any]) -> BaseModel:
+        """Avro record -> model, trusted (in place on the record)."""
+        if self.json_fields:
+            record = self._parse_json(record)
+        for name, nested in self.nested.items():
+            record[name] = nested.load(record[name])
+        if record.keys() != self.name_set:
+            return self.cls.model_validate(record)  # another shape than this code's (evolution): the slow path
+        obj = self.cls.__new__(self.cls)
+        _set_dict(obj, record)
+        _set_fields_set(obj, set(self.name_set))
+        _set_extra(obj, None)
+        _set_private(obj, None)
+        return obj
 
-def _avro_value(value: Any) -> Any:
-    if isinstance(value, AvroModel):
-        return value.to_record()
-    if isinstance(value, BaseModel):
-        return value.model_dump()
-    if isinstance(value, (list, tuple)):
-        return [_avro_value(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _avro_value(v) for k, v in value.items()}
-    return value
+
+# pydantic's slots, set directly: what model_construct does, without its per-field loop.
+_set_dict = BaseModel.__dict__["__dict__"].__set__
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
+
+_PLANS: dict[type[BaseModel], _Plan] = {}
+
+
+def _plan_of(cls: type[BaseModel]) -> _Plan:
+    plan = _PLANS.get(cls)
+    if plan is None:
+        plan = _PLANS[cls] = _Plan(cls)
+    return plan
 
 
 class EventMeta(AvroModel):
@@ -213,12 +345,14 @@ LifecycleEvent = (RolloutEnqueued | RolloutStatusChanged | AttemptStarted | Atte
 
 
 class SpanEventRecord(AvroModel):
+    attr_fields: ClassVar[tuple[str, ...]] = ("attributes",)
     name: str
     timestamp_ns: int | None = None
     attributes: dict[str, AttrValue] = Field(default_factory=dict)
 
 
 class SpanLinkRecord(AvroModel):
+    attr_fields: ClassVar[tuple[str, ...]] = ("attributes",)
     trace_id: str
     span_id: str
     trace_state: str = ""
@@ -226,12 +360,14 @@ class SpanLinkRecord(AvroModel):
 
 
 class ResourceRecord(AvroModel):
+    attr_fields: ClassVar[tuple[str, ...]] = ("attributes",)
     attributes: dict[str, AttrValue] = Field(default_factory=dict)
     schema_url: str = ""
 
 
 class SpanRecorded(Event):
     avro_name = "litstream.SpanRecorded"
+    attr_fields: ClassVar[tuple[str, ...]] = ("attributes",)
     attempt_id: str = Field(min_length=1)
     sequence_id: int = Field(ge=1)
     trace_id: str = Field(pattern=r"^[0-9a-f]{32}$")
@@ -421,6 +557,11 @@ class EventFactory:
         """Identity fields for records that are not rollout-scoped (resources, workers)."""
         return {"event_id": uuid.uuid4().hex, "producer_id": self.producer_id, "producer_seq": self.next_seq(),
                 "timestamp_ns": time.time_ns()}
+
+    def meta_record(self, rollout_id: str) -> dict[str, Any]:
+        """:meth:`meta` as its Avro record, for producers that write records directly (the span exporter)."""
+        return {"event_id": uuid.uuid4().hex, "rollout_id": rollout_id, "producer_id": self.producer_id,
+                "producer_seq": self.next_seq(), "timestamp_ns": time.time_ns()}
 
     def meta(self, rollout_id: str) -> EventMeta:
         return EventMeta(

@@ -15,7 +15,9 @@ Rules (reference semantics, Agent Lightning 0.3, except where noted):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from litstream.schemas.events import (
     AttemptHeartbeat,
@@ -31,6 +33,13 @@ from litstream.schemas.events import (
 from litstream.schemas.models import FINISHED, QUEUING, RUNNING
 
 from .state import AttemptState, RolloutState
+
+M = TypeVar("M", RolloutState, AttemptState)
+# pydantic's slots, set directly (see _evolve).
+_set_dict = BaseModel.__dict__["__dict__"].__set__
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 ATTEMPT_TERMINAL = frozenset({"failed", "succeeded"})
 ATTEMPT_UNHEALTHY = frozenset({"failed", "timeout", "unresponsive"})
@@ -60,7 +69,7 @@ class Outcome:
 def _seen(state: RolloutState, event: Event) -> RolloutState:
     producers = dict(state.producers)
     producers[event.meta.producer_id] = event.meta.producer_seq
-    return state.model_copy(update={"producers": producers})
+    return _evolve(state, {"producers": producers})
 
 
 def _reject(state: RolloutState | None, event: Event, reason: str) -> Outcome:
@@ -71,9 +80,25 @@ def _accept(state: RolloutState, event: Event, offer: Offer | None = None, reser
             **changes: Any) -> Outcome:
     producers = dict(state.producers)
     producers[event.meta.producer_id] = event.meta.producer_seq
-    new = state.model_copy(update={**changes, "producers": producers, "version": state.version + 1,
-                                   "updated_ns": event.meta.timestamp_ns})
+    new = _evolve(state, {**changes, "producers": producers, "version": state.version + 1,
+                          "updated_ns": event.meta.timestamp_ns})
     return Outcome(new, accepted=True, offer=offer, reserved=reserved)
+
+
+def _evolve(model: M, changes: dict[str, Any]) -> M:
+    """``model.model_copy(update=changes)`` without pydantic's generic copy (a third of the fold's time): a
+    shallow copy of the fields with the changes, as model_copy makes it, for the fold's own frozen models."""
+    new = model.__class__.__new__(model.__class__)
+    fields = model.__dict__.copy()
+    fields.update(changes)
+    fields_set = model.__pydantic_fields_set__
+    if not changes.keys() <= fields_set:
+        fields_set = fields_set | changes.keys()  # else shared: a frozen model never changes its set
+    _set_dict(new, fields)
+    _set_fields_set(new, fields_set)
+    _set_extra(new, None)
+    _set_private(new, None)
+    return new
 
 
 def _replace_attempt(state: RolloutState, attempt: AttemptState) -> tuple[AttemptState, ...]:
@@ -164,7 +189,7 @@ def _heartbeat(state: RolloutState, ev: AttemptHeartbeat) -> Outcome:
     # running attempt of a rollout that is over. The beat and the counter are still recorded.
     revive = attempt.status in {"preparing", "unresponsive"} and state.status not in FINISHED
     status = "running" if revive else attempt.status
-    attempt = attempt.model_copy(update={"last_heartbeat_time": beat, "status": status})
+    attempt = _evolve(attempt, {"last_heartbeat_time": beat, "status": status})
     rollout_status = state.status
     if attempt is not None and state.latest_attempt and state.latest_attempt.attempt_id == attempt.attempt_id:
         if state.status in {"preparing", "requeuing"} and attempt.status == "running":
@@ -209,7 +234,7 @@ def _set_attempt(state: RolloutState, ev: Event, attempt: AttemptState, status: 
         changes["status"] = status
         if status in ATTEMPT_TERMINAL:
             changes["end_time"] = time
-    updated = attempt.model_copy(update=changes)
+    updated = _evolve(attempt, changes)
     rollout_changes: dict[str, Any] = {"attempts": _replace_attempt(state, updated)}
     offer = None
     if status is not None and is_latest:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from litstream.infra.clickhouse import ClickHouse
 from litstream.infra.topics import Topics
@@ -16,7 +17,7 @@ from litstream.schemas.events import SpanRecorded, TripletEmitted
 
 from .deadletter import DeadLetter
 from .event_rows import LIFECYCLE_TYPES, Positioned, event_arrow, triplet_arrow
-from .span_rows import span_arrow
+from .span_rows import span_record_arrow
 
 SPANS_TABLE = "spans"
 EVENTS_TABLE = "rollout_events"
@@ -37,7 +38,7 @@ class SinkBatch:
     topics: Topics
     codec: Codec
     processor: str
-    spans: list[SpanRecorded] = field(default_factory=list)
+    spans: list[dict[str, Any]] = field(default_factory=list)  # SpanRecorded Avro records: no model needed
     events: list[Positioned] = field(default_factory=list)
     triplets: list[TripletEmitted] = field(default_factory=list)
     letters: list[DeadLetter] = field(default_factory=list)
@@ -54,7 +55,7 @@ class SinkBatch:
 
         try:
             if topic == self.topics.spans:
-                self.spans.append(self.codec.decode_as(value, SpanRecorded))
+                self.spans.append(self.codec.decode_record(value, SpanRecorded))
             elif topic == self.topics.triplets:
                 self.triplets.append(self.codec.decode_as(value, TripletEmitted))
             elif topic == self.topics.rollout_events:
@@ -73,7 +74,7 @@ class SinkBatch:
         now = time.time_ns()
         counts = {SPANS_TABLE: len(self.spans), EVENTS_TABLE: len(self.events), TRIPLETS_TABLE: len(self.triplets)}
         if self.spans:
-            ch.insert_arrow(SPANS_TABLE, span_arrow(self.spans, now))
+            ch.insert_arrow(SPANS_TABLE, span_record_arrow(self.spans, now))
         if self.events:
             ch.insert_arrow(EVENTS_TABLE, event_arrow(self.events, now))
         if self.triplets:

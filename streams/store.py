@@ -6,12 +6,15 @@ the result (read-your-writes), so ``enqueue_rollout`` followed by ``get_rollout_
 
 Differences from the reference, on purpose: terminal rollout states are final (a late change is an error, not
 a resurrection); a span or sequence id for an unknown rollout is an error; span duplicates are recognised
-within this store's own writes (any others collapse in ClickHouse, see the README).
+within this store's own writes (any others collapse in ClickHouse, see docs/api.md, "SQL and the ClickHouse
+tables").
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -42,6 +45,7 @@ from litstream.schemas.events import (
     SpanLinkRecord,
     SpanRecorded,
     WorkerObserved,
+    tagged_attributes,
 )
 from litstream.schemas.models import (
     FINISHED,
@@ -63,6 +67,9 @@ from litstream.schemas.models import (
 from .resources import to_records
 from .state import rollout_from_snapshot
 from .views import ResourcesView, RolloutsView, WorkersView
+from .workers import worker_status_for
+
+log = logging.getLogger("litstream.store")
 
 
 class _Unset:
@@ -72,20 +79,61 @@ class _Unset:
 
 UNSET: Any = _Unset()
 SortOrder = Literal["asc", "desc"]
+WORKER_WAIT_S = 10.0  # at most this long a write waits for its worker record
 
 
 class StoreError(RuntimeError):
     """The pipeline did not answer in time (a processor is down or far behind)."""
 
 
+class FieldError(ValueError):
+    """A value of one named field the store refuses."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+_HEX_ID = {32: re.compile(r"[0-9a-f]{32}"), 16: re.compile(r"[0-9a-f]{16}")}
+
+
+def check_span_ids(span: Span) -> None:
+    """OpenTelemetry's ids are lowercase hex of a fixed width; the reference stores any string, the span tables
+    and OTLP need the real thing (a :class:`FieldError` naming the field, never a dump of an internal event)."""
+    for field, digits in (("trace_id", 32), ("span_id", 16), ("parent_id", 16)):
+        value = getattr(span, field)
+        if value is not None and not _HEX_ID[digits].fullmatch(value):
+            raise FieldError(field, f"{field} must be {digits} lowercase hex digits (an OpenTelemetry id), "
+                             f"got {value[:80]!r}")
+
+
+def _sort_value(item: Any, sort_by: str) -> Any:
+    """The reference's sort key: a missing ``*_time`` sorts as infinity (last ascending), any other missing value
+    as its type's zero (``""``, 0, 0.0: first ascending)."""
+    value = getattr(item, sort_by, None)
+    if sort_by.endswith("_time"):
+        return float("inf") if value is None else value
+    if value is not None:
+        return value
+    fields = type(item).model_fields
+    if sort_by not in fields:
+        raise FieldError("sort_by", f"Failed to sort items by '{sort_by}': field does not exist on {type(item).__name__}")
+    annotation = str(fields[sort_by].annotation)
+    for marker, zero in (("str", ""), ("Literal", ""), ("int", 0), ("float", 0.0)):
+        if marker in annotation:
+            return zero
+    raise FieldError("sort_by", f"Failed to sort items by '{sort_by}': unsupported field type {annotation!r}")
+
+
 def _paginate(items: list[Any], sort_by: str | None, sort_order: SortOrder, limit: int, offset: int) -> PaginatedResult[Any]:
-    if limit == 0:
-        raise ValueError("limit must be -1 (all) or positive")
+    if limit == 0 or limit < -1:
+        raise FieldError("limit", "Limit must be greater than 0 or -1 for no limit")
     if sort_by:
-        def key(x: Any) -> tuple[int, Any]:
-            v = getattr(x, sort_by, None)
-            return (v is None, v if v is not None else 0)
-        items = sorted(items, key=key, reverse=sort_order == "desc")
+        try:
+            items = sorted(items, key=lambda x: _sort_value(x, sort_by), reverse=sort_order == "desc")
+        except TypeError:
+            raise FieldError("sort_by", f"cannot sort by {sort_by!r}: its values are not comparable (objects or "
+                             "mixed types)") from None
     total = len(items)
     page = items[offset:] if limit < 0 else items[offset:offset + limit]
     return PaginatedResult(items=page, limit=limit, offset=offset, total=total)
@@ -95,6 +143,9 @@ def _attempt(snap: RolloutSnapshot, a: Any) -> Attempt:
     return Attempt(rollout_id=snap.rollout_id, attempt_id=a.attempt_id, sequence_id=a.sequence_id,
                    start_time=a.start_time, end_time=a.end_time, status=a.status, worker_id=a.worker_id,
                    last_heartbeat_time=a.last_heartbeat_time, metadata=a.metadata)
+
+
+_SpanKey = tuple[str, str, str]  # rollout id, attempt id, span id
 
 
 class LitStore:
@@ -111,7 +162,7 @@ class LitStore:
         self._offers: Any = None
         self._offer_ends = PartitionEnds()  # offer partitions read to their end: the queue is empty there
         self._dequeue_lock = asyncio.Lock()
-        self._span_keys: OrderedDict[tuple[str, str, str], None] = OrderedDict()  # own writes, bounded
+        self._span_keys: OrderedDict[_SpanKey, None] = OrderedDict()  # own writes, bounded
         self._span_offsets: dict[int, int] = {}  # spans partition -> highest offset this store wrote
         self._started = time.time()
 
@@ -134,11 +185,35 @@ class LitStore:
     # -- writing through the log ---------------------------------------------------------------------------
 
     async def _write(self, event: Event) -> RolloutSnapshot:
-        """Produce a lifecycle event and return the snapshot that followed it (accepted or not)."""
+        """Produce a lifecycle event and return the snapshot that followed it (accepted or not), once the worker
+        records it changed show the change too."""
+        before = self.rollouts.snapshots.get(event.rollout_id)
         fut = self.rollouts.expect(event.meta.event_id)
         self.events.send(self.events.topics.rollout_events, event)
         await asyncio.to_thread(self.events.flush)
-        return await self._outcome(fut, event)
+        after = await self._outcome(fut, event)
+        if after.last_accepted:
+            await self._workers_caught_up([(before, after)])
+        return after
+
+    async def _workers_caught_up(self, changes: list[tuple[RolloutSnapshot | None, RolloutSnapshot]]) -> None:
+        """Read-your-writes of workers: the lifecycle processor tells the workers topic of every attempt whose status
+        or worker changed, right after the snapshot; wait until this store's view has those observations (bounded:
+        a late observation is applied when it comes, it does not fail a write that was accepted)."""
+        wanted: set[tuple[str, str, str]] = set()
+        for before, after in changes:
+            old = {a.attempt_id: a for a in before.attempts} if before is not None else {}
+            for a in after.attempts:
+                prev = old.get(a.attempt_id)
+                if a.worker_id and (prev is None or (prev.status, prev.worker_id) != (a.status, a.worker_id)):
+                    wanted.add((a.worker_id, a.attempt_id, worker_status_for(a.status)))
+        if not wanted:
+            return
+
+        def seen() -> bool | None:
+            return True if all(w in self.workers.observed for w in wanted) else None
+
+        await asyncio.to_thread(self.workers.wait_for, seen, min(self.wait_s, WORKER_WAIT_S))
 
     async def _outcome(self, fut: Future[RolloutSnapshot], event: Event) -> RolloutSnapshot:
         try:
@@ -223,6 +298,7 @@ class LitStore:
                 claims = [AttemptStarted(meta=self.events.factory.meta(o.rollout_id), attempt_id=new_attempt_id(),
                                          sequence_id=o.attempt_sequence, start_time=time.time(), worker_id=worker_id)
                           for o, _ in offers]
+                befores = [self.rollouts.snapshots.get(o.rollout_id) for o, _ in offers]
                 futures = [self.rollouts.expect(c.meta.event_id) for c in claims]
                 for c in claims:
                     self.events.send(self.events.topics.rollout_events, c)
@@ -234,6 +310,7 @@ class LitStore:
                     ends[partition] = max(ends.get(partition, -1), offset + 1)
                 tps = [TopicPartition(self.events.topics.offers, p, o) for p, o in ends.items()]
                 await asyncio.to_thread(self._offers.commit, offsets=tps, asynchronous=False)
+                await self._workers_caught_up([(b, a) for b, a in zip(befores, snaps) if a.last_accepted])
                 for snap in snaps:
                     if snap.last_accepted:
                         result = rollout_from_snapshot(snap)
@@ -435,32 +512,69 @@ class LitStore:
 
     async def add_many_spans(self, spans: Sequence[Span]) -> list[Span]:
         """Record spans; each counts as a heartbeat of its attempt. Returns those not already added."""
-        batch: list[tuple[Span, bytes]] = []
-        seen: set[tuple[str, str, str]] = set()
+        batch: list[tuple[_SpanKey, int, bytes, Span]] = []
+        seen: set[_SpanKey] = set()
         for span in spans:  # check and encode the whole batch first: a bad span must not leave it half written
-            snap = self._known(span.rollout_id)
-            if all(a.attempt_id != span.attempt_id for a in snap.attempts):
-                raise ValueError(f"Attempt {span.attempt_id} not found for rollout {span.rollout_id}")
-            key = (span.rollout_id, span.attempt_id, span.span_id)
-            if key in self._span_keys or key in seen:
-                continue  # a duplicate of a span this store already wrote
-            seen.add(key)
-            batch.append((span, self.codec.encode(self._span_event(span))))
+            check_span_ids(span)
+            key = self._new_span(span.rollout_id, span.attempt_id, span.span_id, seen)
+            if key is not None:
+                batch.append((key, span.sequence_id, self.codec.encode(self._span_event(span)), span))
+        await self._write_spans([(key, seq, value) for key, seq, value, _ in batch])
+        return [span for *_, span in batch]
+
+    async def add_span_records(self, records: Sequence[dict[str, Any]]) -> int:
+        """:meth:`add_many_spans` for an ingest edge that builds SpanRecorded Avro records itself (OTLP), checked
+        there: each record without ``meta`` (added here), its rollout id in ``rollout_id``. Returns how many were
+        new."""
+        batch: list[tuple[_SpanKey, int, bytes]] = []
+        seen: set[_SpanKey] = set()
+        for rec in records:
+            rid = rec.pop("rollout_id")
+            key = self._new_span(rid, rec["attempt_id"], rec["span_id"], seen)
+            if key is None:
+                continue
+            batch.append((key, rec["sequence_id"], self.codec.encode_record(SpanRecorded.avro_name,
+                                                                             self._span_wire_record(rid, rec))))
+        await self._write_spans(batch)
+        return len(batch)
+
+    def _span_wire_record(self, rollout_id: str, rec: dict[str, Any]) -> dict[str, Any]:
+        """The record with this store's meta and the rollout's resources, attribute values tagged for the
+        writer (new dicts: the caller's may be shared, e.g. one resource by every span of a request)."""
+        snap = self.rollouts.snapshots.get(rollout_id)
+
+        def tag(part: dict[str, Any]) -> dict[str, Any]:
+            return {**part, "attributes": tagged_attributes(part["attributes"])}
+
+        return {"meta": self.events.factory.meta_record(rollout_id), **tag(rec), "resource": tag(rec["resource"]),
+                "events": [tag(e) for e in rec["events"]], "links": [tag(ln) for ln in rec["links"]],
+                "resources_id": snap.resources_id if snap is not None else None}
+
+    def _new_span(self, rollout_id: str, attempt_id: str, span_id: str, seen: set[_SpanKey]) -> _SpanKey | None:
+        """The span's key, or None for a duplicate of one this store wrote; an unknown attempt is an error."""
+        snap = self._known(rollout_id)
+        if all(a.attempt_id != attempt_id for a in snap.attempts):
+            raise ValueError(f"Attempt {attempt_id} not found for rollout {rollout_id}")
+        key = (rollout_id, attempt_id, span_id)
+        if key in self._span_keys or key in seen:
+            return None
+        seen.add(key)
+        return key
+
+    async def _write_spans(self, batch: list[tuple[_SpanKey, int, bytes]]) -> None:
+        """Produce encoded spans and one heartbeat per attempt (carrying its counter), then flush."""
         beats: dict[tuple[str, str], int] = {}
-        for span, value in batch:
-            self.events.produce_raw(self.events.topics.spans, span.rollout_id.encode(), value,
-                                    on_delivery=self._on_span_delivered)
-            k = (span.rollout_id, span.attempt_id)
-            beats[k] = max(beats.get(k, 0), span.sequence_id)
-        for (rid, aid), max_seq in beats.items():  # one heartbeat per attempt per batch, carrying the counter
+        for (rid, aid, _), seq, value in batch:
+            self.events.produce_raw(self.events.topics.spans, rid.encode(), value, on_delivery=self._on_span_delivered)
+            beats[(rid, aid)] = max(beats.get((rid, aid), 0), seq)
+        for (rid, aid), max_seq in beats.items():
             self.events.send(self.events.topics.rollout_events, AttemptHeartbeat(
                 meta=self.events.factory.meta(rid), attempt_id=aid, time=time.time(), max_sequence_id=max_seq))
         await asyncio.to_thread(self.events.flush)
-        for span, _ in batch:  # only spans on Kafka count as added: a failed call can be retried
-            self._span_keys[(span.rollout_id, span.attempt_id, span.span_id)] = None
+        for key, _, _ in batch:  # only spans on Kafka count as added: a failed call can be retried
+            self._span_keys[key] = None
         while len(self._span_keys) > 200_000:
             self._span_keys.popitem(last=False)
-        return [span for span, _ in batch]
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None, *, trace_id: str | None = None,
                           trace_id_contains: str | None = None, span_id: str | None = None,
@@ -579,10 +693,25 @@ class LitStore:
         return _paginate(items, sort_by, sort_order, limit, offset)
 
     async def statistics(self) -> dict[str, Any]:
+        """The reference's statistics; ``total_spans`` and ``total_span_bytes`` count the spans ClickHouse holds
+        (each once, however often it was delivered), ``None`` while the span sink does not answer."""
         snaps = self.rollouts.snapshots.values()
+        spans, span_bytes = await self._span_totals()
         return {"name": "LitStore", "total_rollouts": len(snaps), "total_attempts": sum(len(s.attempts) for s in snaps),
+                "total_spans": spans, "total_span_bytes": span_bytes,
                 "total_resources": len(self.resources.state.by_id), "total_workers": len(self.workers.workers),
                 "uptime": time.time() - self._started}
+
+    async def _span_totals(self) -> tuple[int | None, int | None]:
+        sql = "SELECT count(), sum(length(raw_json)) FROM spans FINAL"
+        try:
+            res = await asyncio.to_thread(clickhouse.query, self.settings.resolved_clickhouse_dsn, sql,
+                                          may_open=False, wait_s=2.0)
+        except Exception as exc:  # noqa: BLE001 (the sink restarting or a server away: say so, do not fail)
+            log.warning("statistics: no span totals from ClickHouse: %s", str(exc).splitlines()[0][:300])
+            return None, None
+        count, size = res.rows[0]
+        return int(count), int(size)
 
 
 def _quote(value: str) -> str:
@@ -609,4 +738,4 @@ def span_from_record(s: SpanRecorded) -> Span:
     )
 
 
-__all__ = ["LitStore", "UNSET", "StoreError", "span_from_record"]
+__all__ = ["check_span_ids", "FieldError", "LitStore", "UNSET", "StoreError", "span_from_record"]

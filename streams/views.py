@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -162,13 +163,22 @@ class ResourcesView(TopicFollower):
 class WorkersView(TopicFollower):
     record_type = WorkerObserved
 
+    MAX_OBSERVED = 100_000
+
     def __init__(self, settings: Settings, codec: Codec) -> None:
         self.workers: dict[str, Worker] = {}
         self.seen_events: set[str] = set()
+        # (worker, attempt, status) of the attempts' observations seen, newest last: a write that moved an attempt
+        # waits here until its worker record shows it (read-your-writes of start_rollout, start_attempt, ...).
+        self.observed: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         super().__init__(settings, f"{settings.topic_prefix}.workers", codec)
 
     def on_record(self, ev: WorkerObserved) -> None:
         if ev.event_id in self.seen_events:
             return
         self.seen_events.add(ev.event_id)
+        if ev.attempt_id is not None and ev.status is not None:
+            self.observed[(ev.worker_id, ev.attempt_id, ev.status)] = None
+            while len(self.observed) > self.MAX_OBSERVED:
+                self.observed.popitem(last=False)
         self.workers[ev.worker_id] = apply_worker(self.workers.get(ev.worker_id), ev)

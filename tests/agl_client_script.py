@@ -70,8 +70,12 @@ async def main(url: str) -> dict:
 
         started = await client.start_rollout(input={"q": 2}, worker_id="agl-worker-2")
         out["started_status"] = started.status
-        again = await client.start_attempt(started.rollout_id, worker_id="agl-worker-2")
+        w2 = await client.get_worker_by_id("agl-worker-2")  # read-your-writes: the worker record follows at once
+        out["worker_after_start"] = None if w2 is None else [w2.status, w2.current_attempt_id == started.attempt.attempt_id]
+        again = await client.start_attempt(started.rollout_id, worker_id="agl-worker-3")
         out["second_attempt_seq"] = again.attempt.sequence_id
+        w3 = await client.get_worker_by_id("agl-worker-3")
+        out["worker_after_attempt"] = None if w3 is None else w3.current_attempt_id == again.attempt.attempt_id
         meta = await client.update_rollout(started.rollout_id, metadata={"k": "v"})
         out["metadata_updated"] = meta.metadata == {"k": "v"}
         try:
@@ -79,6 +83,9 @@ async def main(url: str) -> dict:
             out["terminal_change"] = "accepted"
         except Exception as exc:  # 4xx: the client raises at once
             out["terminal_change"] = type(exc).__name__
+            out["terminal_change_text"] = str(exc)
+        by_parent = await client.query_spans(ro.rollout_id, sort_by="parent_id")  # a field of Span, as the reference
+        out["spans_by_parent"] = len(by_parent)
 
         worker = await client.update_worker("agl-worker", heartbeat_stats={"cpu": 0.5})
         out["worker_stats"] = worker.heartbeat_stats
@@ -86,6 +93,7 @@ async def main(url: str) -> dict:
         out["workers"] = sorted(w.worker_id for w in workers)
         stats = await client.statistics()
         out["total_rollouts"] = stats.get("total_rollouts")
+        out["total_spans"] = stats.get("total_spans")
     finally:
         await client.close()
     return out

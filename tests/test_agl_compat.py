@@ -59,9 +59,12 @@ def test_stock_client_against_the_gateway(agl: Path, gateway: str) -> None:
     assert out["query_total"] == 1 and out["attempts"] == ["succeeded"]
     assert out["started_status"] == "preparing" and out["second_attempt_seq"] == 2 and out["metadata_updated"]
     assert out["terminal_change"] != "accepted"  # terminal states are final: a 4xx the client raises on
+    assert "400" in out["terminal_change_text"] and "terminal" in out["terminal_change_text"].lower()  # the reason
+    assert out["worker_after_start"] == ["busy", True] and out["worker_after_attempt"] is True
+    assert out["spans_by_parent"] == 1
     assert out["worker_stats"] == {"cpu": 0.5}
-    assert out["workers"] == ["agl-worker", "agl-worker-2"]
-    assert out["total_rollouts"] == 2
+    assert out["workers"] == ["agl-worker", "agl-worker-2", "agl-worker-3"]
+    assert out["total_rollouts"] == 2 and out["total_spans"] == 1
     assert sys.version_info >= (3, 11)
 
 

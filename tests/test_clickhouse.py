@@ -35,7 +35,8 @@ from litstream.streams.event_rows import LIFECYCLE_TYPES, Positioned, event_arro
 from litstream.streams.span_rows import SPAN_COLUMNS, span_arrow, span_columns
 from tests.samples import RID, F, all_records, span
 
-MIGRATIONS = ["0001_spans", "0002_spans_genai_columns", "0003_rollout_events", "0004_triplets"]
+MIGRATIONS = ["0001_spans", "0002_spans_genai_columns", "0003_rollout_events", "0004_triplets",
+              "0005_spans_ttl_from_ingest"]
 
 
 def _with_database(url: str, database: str) -> str:
@@ -103,6 +104,20 @@ def test_arrow_and_plain_inserts_store_the_same_rows(ch: ClickHouse) -> None:
     ch.client.command("TRUNCATE TABLE spans")
     ch.insert_arrow("spans", span_arrow(spans))
     assert ch.query(f"SELECT {', '.join(cols)} FROM spans ORDER BY sequence_id").rows == plain
+
+
+def test_a_span_older_than_the_retention_is_kept_since_retention_counts_from_ingest(ch: ClickHouse) -> None:
+    """ClickHouse applies a table's TTL at insert: on the span's start time, an old span was dropped after the API
+    had accepted it. Retention now counts from ingest, so a span of 2001 (far past the TTL) is stored."""
+    old_ns = 1_000_000_000 * 1_000_000_000  # 2001-09-09, years past SPAN_TTL_DAYS
+    old = span(1).model_copy(update={"start_time_ns": old_ns, "end_time_ns": old_ns + 1000})
+    recent = span(2)
+    ch.insert_arrow("spans", span_arrow([old, recent]))
+    ch.command("OPTIMIZE TABLE spans FINAL")  # a merge applies the TTL again: the old span must survive it too
+    rows = ch.query("SELECT sequence_id, toUnixTimestamp64Nano(Timestamp) FROM spans FINAL ORDER BY sequence_id").rows
+    assert rows == [[1, old_ns], [2, recent.start_time_ns]]
+    ttl = ch.query("SELECT engine_full FROM system.tables WHERE name = 'spans' AND database = currentDatabase()")
+    assert "ingested_ns" in ttl.rows[0][0]
 
 
 def test_redelivered_spans_do_not_show_twice(ch: ClickHouse) -> None:
@@ -295,6 +310,19 @@ def test_owner_without_api_gives_a_clear_error(tmp_path: Path, monkeypatch: pyte
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_span_columns_from_records_equal_those_from_models() -> None:
+    """The sink builds its columns from decoded Avro records, without models: the same values, raw_json too."""
+    from litstream.schemas.codec import Codec
+    from litstream.schemas.events import SpanRecorded
+    from litstream.streams.span_rows import span_record_columns
+
+    codec = Codec()
+    spans = [span(i) for i in range(1, 4)]
+    records = [codec.decode_record(codec.encode(s), SpanRecorded) for s in spans]
+    assert span_record_columns(records, 7) == span_columns(spans, 7)
+    assert span_record_columns(records, 7)[-1] == [s.model_dump_json() for s in spans]
 
 
 def test_an_empty_result_keeps_its_columns(ch: ClickHouse) -> None:

@@ -216,3 +216,17 @@ def test_a_late_heartbeat_does_not_revive_an_attempt_of_a_finished_rollout() -> 
     assert log.fold(log.beat("at-a", t=9.0)).accepted
     a = log.state.attempts[0]  # type: ignore[union-attr]
     assert a.status == "unresponsive" and a.last_heartbeat_time == 9.0
+
+
+def test_evolve_is_model_copy() -> None:
+    """The fold's copy-with-changes makes what pydantic's model_copy makes, and leaves the original alone."""
+    from litstream.streams.fold import _evolve
+
+    state = apply(None, RolloutEnqueued(meta=EventFactory(role="test").meta("ro-e"), input={"q": 1},
+                                        start_time=1.0)).state
+    assert state is not None
+    changes = {"version": state.version + 5, "status": "running"}
+    fast, slow = _evolve(state, changes), state.model_copy(update=changes)
+    assert fast == slow and fast.model_dump() == slow.model_dump()
+    assert fast.model_fields_set == slow.model_fields_set
+    assert state.version != fast.version and state.status == "queuing"

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from litstream.app.stack import settings_env
@@ -175,7 +175,7 @@ def test_full_queue_drops_the_newest_without_blocking(settings: Settings, events
 
 SCRIPT = textwrap.dedent("""
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
     from litstream.workers.otel import KafkaSpanProcessor
 
     # shutdown_on_exit=False: the processor's own exit hook has to deliver the spans
@@ -200,3 +200,42 @@ def test_a_process_that_exits_normally_delivers_every_span(settings: Settings, e
     assert len(got) == 2 * n
     assert sorted(s.sequence_id for s in got) == list(range(1, 2 * n + 1))
     assert {s.name for s in got} == {f"{k}-{i}" for i in range(n) for k in ("root", "child")}
+
+
+class _Collect(SpanProcessor):
+    """A span processor that keeps the finished spans (no Kafka): for the pure conversion."""
+
+    def __init__(self) -> None:
+        self.spans: list[ReadableSpan] = []
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self.spans.append(span)
+
+
+def test_the_direct_record_is_the_model_and_encodes_to_the_same_bytes() -> None:
+    """The exporter writes spans as Avro records built without a model: each is a valid SpanRecorded, and the
+    bytes are those the model would encode to."""
+    from litstream.schemas.codec import Codec
+    from litstream.schemas.events import EventFactory
+    from litstream.workers.otel import _Queued, span_record
+
+    collect = _Collect()
+    provider = TracerProvider(resource=Resource({"service.name": "t", "n": 3, "big": 2**70}))
+    provider.add_span_processor(collect)
+    tracer = provider.get_tracer("test-scope", "1.2")
+    with tracer.start_as_current_span("root", kind=SpanKind.SERVER) as root:
+        root.set_attributes({"s": "x", "b": True, "i": 7, "f": 0.5, "l": [1, 2], "ls": ("a", "b")})
+        with tracer.start_as_current_span("child", links=[Link(root.get_span_context(), {"k": "v"})]) as child:
+            child.add_event("e", {"x": 1.5})
+            child.set_status(Status(StatusCode.ERROR, "boom"))
+    codec, factory = Codec(), EventFactory("test")
+    assert len(collect.spans) == 2
+    for i, span in enumerate(collect.spans):
+        item = _Queued(span, "ro-1", "at-1", i + 1, None, None)
+        plain = span_record(item, factory, tag=False)
+        model = SpanRecorded.model_validate(plain)  # everything a model checks holds
+        assert model.to_record() == {**plain, "meta": model.meta.to_record()}
+        data = codec.encode_record(SpanRecorded.avro_name, span_record(item, factory))
+        decoded = codec.decode_as(data, SpanRecorded)
+        assert decoded.model_dump(exclude={"meta"}) == model.model_dump(exclude={"meta"})
+        assert codec.encode(decoded) == data

@@ -29,6 +29,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from litstream.infra import metrics
 from litstream.infra.broker import free_port
 from litstream.infra.settings import Settings
 from litstream.streams.store import LitStore
@@ -241,3 +242,42 @@ def test_otlp_bad_requests(settings: Settings) -> None:
         with pytest.raises(OtlpError) as err:
             gunzip(data, 10)
         assert err.value.status == status
+
+
+def _rejected(reason: str) -> float:
+    return metrics.REGISTRY.get_sample_value("litstream_otlp_rejected_spans_total", {"reason": reason}) or 0.0
+
+
+def test_spans_without_attempt_go_to_the_latest_and_refusals_are_logged_and_counted(
+        pipeline: Settings, caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> None:
+        async with receiver(pipeline) as (store, base):
+            ro = await store.start_rollout({"q": 1})
+            latest = (await store.start_attempt(ro.rollout_id)).attempt.attempt_id
+            queued = await store.enqueue_rollout({"q": 2})  # no attempt yet: nowhere to put a span
+            before = {k: _rejected(k) for k in ("no_attempt", "missing_rollout_id")}
+            request = ExportTraceServiceRequest(resource_spans=[
+                resource_spans([proto_span("to.latest", 1)], **{ROLLOUT_ID: ro.rollout_id}),
+                resource_spans([proto_span("too.early", 2)], **{ROLLOUT_ID: queued.rollout_id}),
+                resource_spans([proto_span("no.ids", 3)]),
+            ])
+            with caplog.at_level("WARNING", logger="litstream.otlp"):
+                status, _, body = await apost(f"{base}/v1/traces", request.SerializeToString(), PROTOBUF)
+            assert status == 200
+            partial = ExportTraceServiceResponse.FromString(body).partial_success
+            assert partial.rejected_spans == 2 and "has no attempt yet" in partial.error_message
+            spans = (await store.query_spans(ro.rollout_id)).items
+            assert [(s.name, s.attempt_id) for s in spans] == [("to.latest", latest)]
+            # the stock exporters ignore partialSuccess: the server says it and counts it
+            logged = [r.getMessage() for r in caplog.records if r.name == "litstream.otlp"]
+            assert any("accepted 1 spans" in m and "2 spans" not in m and "no agentlightning.rollout_id" in m
+                       for m in logged), logged
+            assert _rejected("no_attempt") == before["no_attempt"] + 1
+            assert _rejected("missing_rollout_id") == before["missing_rollout_id"] + 1
+
+            refused = metrics.REGISTRY.get_sample_value("litstream_otlp_rejected_requests_total", {"status": "415"})
+            await apost(f"{base}/v1/traces", b"{}", "text/plain")
+            after = metrics.REGISTRY.get_sample_value("litstream_otlp_rejected_requests_total", {"status": "415"})
+            assert (after or 0) == (refused or 0) + 1
+
+    asyncio.run(scenario())

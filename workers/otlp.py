@@ -7,10 +7,13 @@ keys, 64-bit integers as strings), plain or gzip. The answer is an ``ExportTrace
 request's encoding.
 
 Ids follow the reference: rollout and attempt from the span attributes ``agentlightning.rollout_id`` and
-``agentlightning.attempt_id``, else from its resource's; ``agentlightning.span_sequence_id`` likewise (a
-resource's value is shared by all its spans), else the store allocates ids in request order. The reference drops
-spans it cannot place with a log line; here they are counted in the answer's ``partialSuccess`` with the reason
-(missing ids, unknown rollout or attempt, malformed trace/span id, no name), OTLP's way of telling the sender.
+``agentlightning.attempt_id``, else from its resource's; a span with a rollout id and no attempt id goes to the
+rollout's latest attempt. ``agentlightning.span_sequence_id`` likewise (a resource's value is shared by all its
+spans), else the store allocates ids in request order. The reference drops spans it cannot place with a log
+line; here they are counted in the answer's ``partialSuccess`` with the reason (missing ids, unknown rollout or
+attempt, malformed trace/span id, no name), OTLP's way of telling the sender — and since the stock exporters
+ignore ``partialSuccess``, every refusal is also logged on the server with counts and reasons and counted in
+``litstream_otlp_rejected_spans_total`` (whole requests in ``litstream_otlp_rejected_requests_total``).
 
 Status codes: 200 for full and partial success; 400 for a body that does not decode (protobuf, JSON or gzip);
 413 over the size limit; 415 for a Content-Type or Content-Encoding other than the above (the reference answers
@@ -41,16 +44,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 
+from litstream.infra import metrics
 from litstream.schemas.events import AttrValue
-from litstream.schemas.models import (
-    AttributeValue,
-    Event,
-    Link,
-    OtelResource,
-    Span,
-    SpanContext,
-    TraceStatus,
-)
+from litstream.schemas.models import AttributeValue
 from litstream.streams.store import LitStore, StoreError
 
 from .attributes import attributes_bytes, check_span_attributes
@@ -63,11 +59,11 @@ JSON = "application/json"
 ROLLOUT_ID = "agentlightning.rollout_id"
 ATTEMPT_ID = "agentlightning.attempt_id"
 SEQUENCE_ID = "agentlightning.span_sequence_id"
-MISSING_IDS = f"no {ROLLOUT_ID} and {ATTEMPT_ID} in the span's or its resource's attributes"
+MISSING_IDS = (f"no {ROLLOUT_ID} in the span's or its resource's attributes (set OTEL_RESOURCE_ATTRIBUTES="
+               f"{ROLLOUT_ID}=...,{ATTEMPT_ID}=...)")
 
 _STATUS_CODES = {0: "UNSET", 1: "OK", 2: "ERROR"}
 _RPC_CODES = {400: 3, 413: 8, 415: 3, 501: 12, 503: 14}  # google.rpc.Code for Status.code, for troubleshooting
-_HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200  # SpanFlags bits
 _GZIP_MAGIC = b"\x1f\x8b"
 _CATCH_UP_S = 5.0
 _MAX_REASONS = 5
@@ -88,15 +84,18 @@ class _Rejected(Exception):
 
 @dataclass
 class Draft:
-    """A span whose ids are read but whose sequence id may still have to be allocated."""
+    """A span whose ids are read but whose sequence id may still have to be allocated: the SpanRecorded Avro
+    record without its ``meta`` and ``sequence_id`` (see :meth:`LitStore.add_span_records`)."""
 
     rollout_id: str
-    attempt_id: str
+    attempt_id: str | None  # None: the rollout's latest attempt, looked up before anything is written
     sequence_id: int | None
-    fields: dict[str, Any]  # every other field of the reference Span
+    record: dict[str, Any]
 
-    def to_span(self, sequence_id: int) -> Span:
-        return Span(rollout_id=self.rollout_id, attempt_id=self.attempt_id, sequence_id=sequence_id, **self.fields)
+    def to_record(self, sequence_id: int) -> dict[str, Any]:
+        assert self.attempt_id is not None, "attempt resolved before the record is made"
+        return {**self.record, "rollout_id": self.rollout_id, "attempt_id": self.attempt_id,
+                "sequence_id": sequence_id}
 
 
 # -- decoding the body -------------------------------------------------------------------------------------------
@@ -259,59 +258,47 @@ def _hex_id(raw: bytes, size: int, field: str) -> str:
     return raw.hex()
 
 
-def _seconds(unix_nano: int) -> float | None:
-    return unix_nano / 1e9 if unix_nano else None
+def _link(link: ProtoSpan.Link) -> dict[str, Any]:
+    return {"trace_id": link.trace_id.hex(), "span_id": link.span_id.hex(), "trace_state": "",  # as the store keeps it
+            "attributes": attributes(link.attributes)}
 
 
-def _is_remote(flags: int) -> bool:
-    return flags & (_HAS_IS_REMOTE | _IS_REMOTE) == _HAS_IS_REMOTE | _IS_REMOTE
+def _event(event: ProtoSpan.Event) -> dict[str, Any]:
+    return {"name": event.name, "timestamp_ns": event.time_unix_nano or None, "attributes": attributes(event.attributes)}
 
 
-def _trace_state(header: str) -> dict[str, str]:
-    """W3C tracestate ``k1=v1,k2=v2``; malformed members are skipped."""
-    members = (m.strip().split("=", 1) for m in header.split(",") if "=" in m)
-    return {k: v for k, v in members if k}
-
-
-def _link(link: ProtoSpan.Link) -> Link:
-    context = SpanContext(trace_id=link.trace_id.hex(), span_id=link.span_id.hex(), is_remote=_is_remote(link.flags),
-                          trace_state=_trace_state(link.trace_state))
-    return Link(context=context, attributes=attributes(link.attributes))
-
-
-def _draft(span: ProtoSpan, resource_attrs: dict[str, AttrValue], resource: OtelResource) -> Draft:
+def _draft(span: ProtoSpan, resource_attrs: dict[str, AttrValue], resource: dict[str, Any]) -> Draft:
+    """The span as the SpanRecorded record, built straight from the protobuf (no model in between: what a
+    model would check is checked here, as the reference's Span fields were)."""
     attrs = with_token_aliases(attributes(span.attributes))  # the same readings as spans from the SDK processor
     rollout_id = _text_id(ROLLOUT_ID, attrs, resource_attrs)
     attempt_id = _text_id(ATTEMPT_ID, attrs, resource_attrs)
-    if rollout_id is None or attempt_id is None:
+    if rollout_id is None:
         raise _Rejected(MISSING_IDS)
     if not span.name:
         raise _Rejected("the span has no name")
     trace_id = _hex_id(span.trace_id, 16, "trace_id")
     span_id = _hex_id(span.span_id, 8, "span_id")
     parent_id = _hex_id(span.parent_span_id, 8, "parent_span_id") if span.parent_span_id else None
-    events = [Event(name=e.name, attributes=attributes(e.attributes), timestamp=_seconds(e.time_unix_nano))
-              for e in span.events]
+    events = [_event(e) for e in span.events]
     links = [_link(ln) for ln in span.links]
     try:  # over the limits a span could not be one Kafka message
-        check_span_attributes(attrs, "attributes", sum(attributes_bytes(e.attributes) for e in events)
-                              + sum(attributes_bytes(ln.attributes) for ln in links) + attributes_bytes(resource.attributes))
+        check_span_attributes(attrs, "attributes", sum(attributes_bytes(e["attributes"]) for e in events)
+                              + sum(attributes_bytes(ln["attributes"]) for ln in links)
+                              + attributes_bytes(resource["attributes"]))
     except ValueError as exc:
         raise _Rejected(str(exc)) from None
-    fields: dict[str, Any] = {
-        "trace_id": trace_id, "span_id": span_id, "parent_id": parent_id, "name": span.name,
-        "status": TraceStatus(status_code=_STATUS_CODES.get(span.status.code, "UNSET"),
-                              description=span.status.message or None),
-        "attributes": attrs,
-        "events": events,
-        "links": links,
-        "start_time": _seconds(span.start_time_unix_nano), "end_time": _seconds(span.end_time_unix_nano),
-        "context": SpanContext(trace_id=trace_id, span_id=span_id, is_remote=_is_remote(span.flags),
-                               trace_state=_trace_state(span.trace_state)),
-        "parent": None,  # OTLP carries only the parent's span id (the reference sets null too)
-        "resource": resource,
+    start, end = span.start_time_unix_nano, span.end_time_unix_nano or None
+    if end is not None and end < start:
+        raise _Rejected("end_time_ns must not be before start_time_ns")
+    record = {
+        "attempt_id": attempt_id, "trace_id": trace_id, "span_id": span_id, "parent_id": parent_id,
+        "trace_state": "", "name": span.name, "kind": "INTERNAL",  # as the reference's Span: neither is kept
+        "status_code": _STATUS_CODES.get(span.status.code, "UNSET"), "status_message": span.status.message or None,
+        "start_time_ns": start, "end_time_ns": end, "attributes": attrs, "events": events, "links": links,
+        "resource": resource, "scope_name": "", "scope_version": "",
     }
-    return Draft(rollout_id, attempt_id, _sequence_id(attrs, resource_attrs), fields)
+    return Draft(rollout_id, attempt_id, _sequence_id(attrs, resource_attrs), record)
 
 
 def drafts_from_request(request: ExportTraceServiceRequest) -> tuple[list[Draft], Counter[str]]:
@@ -320,7 +307,7 @@ def drafts_from_request(request: ExportTraceServiceRequest) -> tuple[list[Draft]
     rejected: Counter[str] = Counter()
     for resource_spans in request.resource_spans:
         resource_attrs = attributes(resource_spans.resource.attributes)
-        resource = OtelResource(attributes=resource_attrs, schema_url=resource_spans.schema_url)
+        resource = {"attributes": resource_attrs, "schema_url": resource_spans.schema_url}
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
                 try:
@@ -333,15 +320,26 @@ def drafts_from_request(request: ExportTraceServiceRequest) -> tuple[list[Draft]
 # -- into the store --------------------------------------------------------------------------------------------
 
 
-async def _unknown(store: LitStore, pairs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
-    """The (rollout, attempt) pairs the live view does not know, with the reason."""
-    reasons: dict[tuple[str, str], str] = {}
+async def _unknown(store: LitStore, pairs: Iterable[tuple[str, str | None]]) -> dict[tuple[str, str | None], str]:
+    """The (rollout, attempt) pairs the live view does not know, with the reason; an attempt of None (the latest)
+    is unknown while the rollout has no attempt."""
+    reasons: dict[tuple[str, str | None], str] = {}
     for rid, aid in pairs:
         if await store.get_rollout_by_id(rid) is None:
             reasons[(rid, aid)] = f"unknown rollout {rid}"
+        elif aid is None:
+            if await store.get_latest_attempt(rid) is None:
+                reasons[(rid, aid)] = f"rollout {rid} has no attempt yet and the span names no {ATTEMPT_ID}"
         elif all(a.attempt_id != aid for a in (await store.query_attempts(rid)).items):
             reasons[(rid, aid)] = f"unknown attempt {aid} of rollout {rid}"
     return reasons
+
+
+async def _to_latest(store: LitStore, drafts: list[Draft]) -> None:
+    """Spans with a rollout id and no attempt id go to the rollout's latest attempt."""
+    for d in drafts:
+        if d.attempt_id is None and (latest := await store.get_latest_attempt(d.rollout_id)) is not None:
+            d.attempt_id = latest.attempt_id
 
 
 async def _known_only(store: LitStore, drafts: list[Draft], rejected: Counter[str]) -> list[Draft]:
@@ -355,22 +353,43 @@ async def _known_only(store: LitStore, drafts: list[Draft], rejected: Counter[st
     for d in drafts:
         if (reason := unknown.get((d.rollout_id, d.attempt_id))) is not None:
             rejected[reason] += 1
-    return [d for d in drafts if (d.rollout_id, d.attempt_id) not in unknown]
+    known = [d for d in drafts if (d.rollout_id, d.attempt_id) not in unknown]
+    await _to_latest(store, known)
+    return [d for d in known if d.attempt_id is not None]
 
 
 async def ingest(store: LitStore, request: ExportTraceServiceRequest) -> tuple[int, Counter[str]]:
     """Write the request's spans; returns how many were accepted and the refused ones by reason."""
     drafts, rejected = drafts_from_request(request)
     drafts = await _known_only(store, drafts, rejected)
-    missing = [(d.rollout_id, d.attempt_id) for d in drafts if d.sequence_id is None]
+    missing = [(d.rollout_id, str(d.attempt_id)) for d in drafts if d.sequence_id is None]
     try:
         allocated = iter(await store.get_many_span_sequence_ids(missing) if missing else [])
-        spans = [d.to_span(d.sequence_id if d.sequence_id is not None else next(allocated)) for d in drafts]
-        if spans:
-            await store.add_many_spans(spans)
+        records = [d.to_record(d.sequence_id if d.sequence_id is not None else next(allocated)) for d in drafts]
+        if records:
+            await store.add_span_records(records)
     except ValueError as exc:  # the store refused a span after all (an id it no longer knows, a field it cannot hold)
         raise OtlpError(400, str(exc)) from None
     return len(drafts), rejected
+
+
+def reason_kind(reason: str) -> str:
+    """A reason's kind, the label of the rejection counter (reasons name rollouts: too many to be labels)."""
+    if reason == MISSING_IDS:
+        return "missing_rollout_id"
+    for marker, kind in (("unknown rollout", "unknown_rollout"), ("unknown attempt", "unknown_attempt"),
+                         ("has no attempt", "no_attempt"), ("trace_id", "bad_id"), ("span_id", "bad_id"),
+                         ("no name", "no_name")):
+        if marker in reason:
+            return kind
+    return "invalid"
+
+
+def record_rejections(accepted: int, rejected: Counter[str]) -> None:
+    """Log and count spans refused in a request the sender was answered 200 (with ``partialSuccess``)."""
+    for reason, n in rejected.items():
+        metrics.OTLP_REJECTED_SPANS.labels(reason=reason_kind(reason)).inc(n)
+    log.warning("OTLP: accepted %d spans, %s", accepted, summary(rejected))
 
 
 def summary(rejected: Counter[str]) -> str:
@@ -413,6 +432,13 @@ def status_response(status: int, message: str, content_type: str,
     return web.Response(status=status, body=body, content_type=content_type, headers=headers)
 
 
+def _refused(status: int, message: str, content_type: str, headers: dict[str, str] | None = None) -> web.Response:
+    """A whole request refused: logged and counted on the server too, not only told to the sender."""
+    metrics.OTLP_REJECTED_REQUESTS.labels(status=str(status)).inc()
+    log.warning("OTLP: request refused with %d: %s", status, message)
+    return status_response(status, message, content_type, headers)
+
+
 def add_otlp_routes(app: web.Application, store: LitStore, max_body: int) -> None:
     """``POST /v1/traces`` into ``store``, with bodies of at most ``max_body`` bytes (also once decompressed);
     ``/v1/metrics``, ``/v1/logs`` and ``/v1/development/profiles`` answer 501, as in the reference."""
@@ -425,14 +451,14 @@ def add_otlp_routes(app: web.Application, store: LitStore, max_body: int) -> Non
             body = await read_body(request, max_body)
             accepted, rejected = await ingest(store, decode_request(body, content_type))
         except OtlpError as exc:
-            return status_response(exc.status, exc.message, content_type)
+            return _refused(exc.status, exc.message, content_type)
         except StoreError as exc:  # the pipeline is down or behind: worth a retry
-            return status_response(503, str(exc), content_type, {"Retry-After": "5"})
+            return _refused(503, str(exc), content_type, {"Retry-After": "5"})
         response = ExportTraceServiceResponse()
         if rejected:
             response.partial_success.rejected_spans = sum(rejected.values())
             response.partial_success.error_message = summary(rejected)
-            log.warning("OTLP: accepted %d spans, %s", accepted, response.partial_success.error_message)
+            record_rejections(accepted, rejected)
         return _encoded(response, content_type)
 
     async def not_ingested(request: web.Request) -> web.Response:

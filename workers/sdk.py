@@ -36,7 +36,8 @@ from .semconv import ANNOTATION_SPAN, reward_attributes
 
 REWARD_SPAN = ANNOTATION_SPAN
 # Spans count as heartbeats (as in the reference), but the lifecycle processor does not read spans: the emitter
-# sends an explicit heartbeat with a span when the last one is older than this. See README "Heartbeats".
+# sends an explicit heartbeat with a span when the last one is older than this. See docs/guarantees.md,
+# "Heartbeats".
 SPAN_HEARTBEAT_S = 1.0
 # How long ``finish`` waits for the attempt's own spans to be delivered in the producer's normal batches before it
 # forces them out with a flush. A flush sends every queued record of the process at once, in small batches, and

@@ -7,7 +7,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel
 
-from litstream.schemas.models import AttemptStatus
+from litstream.schemas.models import Attempt, AttemptStatus
 
 from .http import (
     Page,
@@ -23,7 +23,7 @@ from .http import (
 )
 
 routes = web.RouteTableDef()
-SORTABLE = {"sequence_id", "start_time", "end_time", "status", "attempt_id", "worker_id", "last_heartbeat_time"}
+NOT_NULL = frozenset({"status", "worker_id", "last_heartbeat_time", "metadata"})  # as the reference refuses
 
 
 class WorkerIdRequest(BaseModel):
@@ -49,7 +49,7 @@ async def start_attempt(request: web.Request) -> web.Response:
 
 async def _query(request: web.Request, data: Any) -> web.Response:
     q = parse(QueryAttempts, data)
-    check_page(q, SORTABLE)
+    check_page(q, Attempt)
     return dump(await store_of(request).query_attempts(
         request.match_info["rollout_id"], sort_by=q.sort_by or "sequence_id", sort_order=q.sort_order,
         limit=q.limit, offset=q.offset))
@@ -72,6 +72,6 @@ async def latest_attempt(request: web.Request) -> web.Response:
 
 @routes.post("/rollouts/{rollout_id}/attempts/{attempt_id}")
 async def update_attempt(request: web.Request) -> web.Response:
-    fields = await update_fields(request, UpdateAttempt)
+    fields = await update_fields(request, UpdateAttempt, NOT_NULL)
     return dump(await store_of(request).update_attempt(request.match_info["rollout_id"],
                                                        request.match_info["attempt_id"], **fields))

@@ -7,7 +7,7 @@ import json
 from typing import Any, Literal, TypeVar
 
 from aiohttp import web
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from litstream.streams.store import UNSET, LitStore
 
@@ -15,14 +15,13 @@ from .errors import HTTPFieldError, invalid
 
 PREFIX = "/v1/agl"
 STORE = web.AppKey("store", LitStore)
-NOT_NULL = {"status", "config"}  # update fields that may be left out but not set to null
 
 M = TypeVar("M", bound=BaseModel)
 
 
 class Page(BaseModel):
-    limit: int = Field(-1, ge=-1)
-    offset: int = Field(0, ge=0)
+    limit: int = -1
+    offset: int = 0
     sort_by: str | None = None
     sort_order: Literal["asc", "desc"] = "asc"
 
@@ -74,11 +73,15 @@ async def parse_body(request: web.Request, model: type[M]) -> M:
     return parse(model, await read_body(request))
 
 
-def check_page(page: Page, sortable: set[str]) -> None:
-    if page.sort_by is not None and page.sort_by not in sortable:
-        raise HTTPFieldError(400, f"cannot sort by {page.sort_by!r}; one of {sorted(sortable)}", "sort_by")
-    if page.limit == 0:
-        raise HTTPFieldError(400, "limit must be -1 (all) or positive", "limit")
+def check_page(page: Page, target: type[BaseModel]) -> None:
+    """The reference's checks and wording: ``sort_by`` is any field of the listed model."""
+    if page.sort_by is not None and page.sort_by not in target.model_fields:
+        raise HTTPFieldError(400, f"Invalid sort_by: {page.sort_by}, allowed fields are: "
+                             f"{', '.join(target.model_fields)}", "sort_by")
+    if page.limit == 0 or page.limit < -1:
+        raise HTTPFieldError(400, "Limit must be greater than 0 or -1 for no limit", "limit")
+    if page.offset < 0:
+        raise HTTPFieldError(400, "Offset must be greater than or equal to 0", "offset")
 
 
 def query_params(request: web.Request, lists: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -90,16 +93,21 @@ def query_params(request: web.Request, lists: tuple[str, ...] = ()) -> dict[str,
     return out
 
 
-async def update_fields(request: web.Request, model: type[BaseModel]) -> dict[str, Any]:
-    """An update body: only keys present change (the others are UNSET); an explicit null status or config is a
-    400, an unknown key or a bad value a 422 naming the field."""
+def null_refused(field: str) -> HTTPFieldError:
+    """The reference's refusal of ``null`` for a field the store needs a value of."""
+    return HTTPFieldError(400, f"{field} is invalid; it cannot be a null value.", field)
+
+
+async def update_fields(request: web.Request, model: type[BaseModel], not_null: frozenset[str]) -> dict[str, Any]:
+    """An update body: only keys present change (the others are UNSET); an explicit null for a field in
+    ``not_null`` is a 400 as in the reference, an unknown key or a bad value a 422 naming the field."""
     body = await read_body(request)
     if not isinstance(body, dict):
         raise HTTPFieldError(422, "body must be an object")
     for key, value in body.items():
         if key not in model.model_fields:
-            raise HTTPFieldError(422, f"unknown field {key!r}", key)
-        if value is None and key in NOT_NULL:
-            raise HTTPFieldError(400, f"{key} cannot be null", key)
+            raise HTTPFieldError(422, f"unknown field {key!r}; one of {', '.join(model.model_fields)}", key)
+        if value is None and key in not_null:
+            raise null_refused(key)
     checked = parse(model, body)
     return {k: getattr(checked, k) if k in body else UNSET for k in model.model_fields}

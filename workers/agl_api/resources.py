@@ -7,13 +7,12 @@ from typing import Any
 from aiohttp import web
 from pydantic import TypeAdapter, ValidationError
 
-from litstream.schemas.models import NamedResources
+from litstream.schemas.models import NamedResources, ResourcesUpdate
 
 from .errors import invalid
 from .http import Page, check_page, created, dump, parse, query_params, read_body, store_of
 
 routes = web.RouteTableDef()
-SORTABLE = {"resources_id", "version", "create_time", "update_time"}
 _NAMED = TypeAdapter(NamedResources)
 
 
@@ -32,7 +31,7 @@ def _named(data: Any) -> NamedResources:
 @routes.get("/resources")
 async def query_resources(request: web.Request) -> web.Response:
     q = parse(QueryResources, query_params(request))
-    check_page(q, SORTABLE)
+    check_page(q, ResourcesUpdate)
     return dump(await store_of(request).query_resources(
         resources_id=q.resources_id, resources_id_contains=q.resources_id_contains, sort_by=q.sort_by,
         sort_order=q.sort_order, limit=q.limit, offset=q.offset))

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel
 
-from litstream.schemas.models import EnqueueRolloutRequest, RolloutConfig, RolloutMode, RolloutStatus
+from litstream.schemas.models import EnqueueRolloutRequest, Rollout, RolloutConfig, RolloutMode, RolloutStatus
 
 from .http import (
     Page,
@@ -23,7 +23,7 @@ from .http import (
 )
 
 routes = web.RouteTableDef()
-SORTABLE = {"rollout_id", "start_time", "end_time", "status", "mode", "resources_id"}
+NOT_NULL = frozenset({"status", "config"})  # as the reference refuses
 
 
 class RolloutRequest(BaseModel):
@@ -92,7 +92,7 @@ async def start_rollout(request: web.Request) -> web.Response:
 
 async def _query(request: web.Request, data: Any) -> web.Response:
     q = parse(QueryRollouts, data)
-    check_page(q, SORTABLE)
+    check_page(q, Rollout)
     return dump(await store_of(request).query_rollouts(
         status_in=q.status_in, rollout_id_in=q.rollout_id_in, rollout_id_contains=q.rollout_id_contains,
         filter_logic=q.filter_logic, sort_by=q.sort_by, sort_order=q.sort_order, limit=q.limit, offset=q.offset))
@@ -115,7 +115,7 @@ async def get_rollout(request: web.Request) -> web.Response:
 
 @routes.post("/rollouts/{rollout_id}")
 async def update_rollout(request: web.Request) -> web.Response:
-    fields = await update_fields(request, UpdateRollout)
+    fields = await update_fields(request, UpdateRollout, NOT_NULL)
     return dump(await store_of(request).update_rollout(request.match_info["rollout_id"], **fields))
 
 

@@ -8,13 +8,13 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from litstream.schemas.models import Span
+from litstream.streams.store import check_span_ids
 
 from ..attributes import check_span_limits
 from .errors import HTTPFieldError
 from .http import Page, check_page, created, dump, parse, parse_body, query_params, read_body, store_of
 
 routes = web.RouteTableDef()
-SORTABLE = {"sequence_id", "start_time", "end_time", "name", "span_id", "trace_id"}
 
 
 class QuerySpans(Page):
@@ -40,6 +40,7 @@ class NextSequenceRequest(BaseModel):
 @routes.post("/spans")
 async def add_span(request: web.Request) -> web.Response:
     span = await parse_body(request, Span)
+    check_span_ids(span)  # before the limits: a bad id is the clearer refusal
     try:
         check_span_limits(span)  # over the limits it could not be one Kafka message
     except ValueError as exc:
@@ -49,7 +50,7 @@ async def add_span(request: web.Request) -> web.Response:
 
 async def _query(request: web.Request, data: Any) -> web.Response:
     q = parse(QuerySpans, data)
-    check_page(q, SORTABLE)
+    check_page(q, Span)
     return dump(await store_of(request).query_spans(
         q.rollout_id, q.attempt_id, trace_id=q.trace_id, trace_id_contains=q.trace_id_contains,
         span_id=q.span_id, span_id_contains=q.span_id_contains, parent_id=q.parent_id,

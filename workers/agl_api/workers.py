@@ -6,13 +6,12 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-from litstream.schemas.models import WorkerStatus
+from litstream.schemas.models import Worker, WorkerStatus
 
 from .errors import HTTPFieldError
-from .http import Page, check_page, dump, parse, query_params, read_body, store_of
+from .http import Page, check_page, dump, null_refused, parse, query_params, read_body, store_of
 
 routes = web.RouteTableDef()
-SORTABLE = {"worker_id", "status", "last_heartbeat_time", "last_dequeue_time", "last_busy_time", "last_idle_time"}
 
 
 class QueryWorkers(Page):
@@ -23,7 +22,7 @@ class QueryWorkers(Page):
 
 async def _query(request: web.Request, data: Any) -> web.Response:
     q = parse(QueryWorkers, data)
-    check_page(q, SORTABLE)
+    check_page(q, Worker)
     return dump(await store_of(request).query_workers(
         status_in=q.status_in, worker_id_contains=q.worker_id_contains, filter_logic=q.filter_logic,
         sort_by=q.sort_by, sort_order=q.sort_order, limit=q.limit, offset=q.offset))
@@ -53,7 +52,7 @@ async def update_worker(request: web.Request) -> web.Response:
         return dump(await store_of(request).update_worker(worker_id))
     stats = body["heartbeat_stats"]
     if stats is None:
-        raise HTTPFieldError(400, "heartbeat_stats cannot be null", "heartbeat_stats")
+        raise null_refused("heartbeat_stats")
     if not isinstance(stats, dict):
         raise HTTPFieldError(422, "heartbeat_stats must be an object", "heartbeat_stats")
     return dump(await store_of(request).update_worker(worker_id, stats))

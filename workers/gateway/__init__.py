@@ -26,6 +26,7 @@ from ..otlp import add_otlp_routes
 from . import rollouts, sql, status
 from .auth import OPEN_PATHS, bearer_auth
 from .context import CONTEXT, GatewayContext
+from .cors import cors, parse_origins
 
 __all__ = ["MAX_BODY", "OPEN_PATHS", "ROLE", "ROUTES", "build_app", "run"]
 
@@ -72,14 +73,16 @@ def _mount_store_apis(app: web.Application, settings: Settings, store: LitStore)
 
 
 def build_app(settings: Settings) -> web.Application:
-    ctx = GatewayContext(settings, EventProducer(settings, role=ROLE))
+    store = LitStore(settings)
+    ctx = GatewayContext(settings, EventProducer(settings, role=ROLE), store)
     token = settings.gateway_token.get_secret_value() if settings.gateway_token else ""
-    app = web.Application(middlewares=[bearer_auth(token)], client_max_size=MAX_BODY)
+    app = web.Application(middlewares=[cors(parse_origins(settings.gateway_cors_origins)), bearer_auth(token)],
+                          client_max_size=MAX_BODY)
     app[CONTEXT] = ctx
     for table in ROUTES:
         app.add_routes(table)
     app.cleanup_ctx.append(_heartbeat(ctx))
-    _mount_store_apis(app, settings, LitStore(settings))
+    _mount_store_apis(app, settings, store)
     return app
 
 

@@ -12,12 +12,14 @@ from aiohttp import web
 from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
 from litstream.streams.stateview import StateView
+from litstream.streams.store import LitStore
 
 
 class GatewayContext:
-    def __init__(self, settings: Settings, events: EventProducer) -> None:
+    def __init__(self, settings: Settings, events: EventProducer, store: LitStore) -> None:
         self.settings = settings
         self.events = events
+        self.store = store  # the one store the gateway's APIs share: what one accepted, the others show
         self._view_lock = threading.Lock()
         self._view: StateView | None = None  # made on first use: it opens a consumer
 

@@ -1,24 +1,35 @@
-"""``/v1/rollouts``: list the rollouts (optionally by status) and enqueue one."""
+"""``/v1/rollouts``: list the rollouts (optionally by status) and enqueue one.
+
+An enqueue goes through the gateway's store, like ``/v1/agl``'s: it answers once the lifecycle processor has
+stored the rollout, with the whole rollout, so an immediate read through either API finds it."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+from typing import get_args
 
 from aiohttp import web
 from pydantic import ValidationError
 
-from litstream.schemas.models import EnqueueRolloutRequest
+from litstream.schemas.models import EnqueueRolloutRequest, RolloutStatus
+from litstream.streams.store import StoreError
 
-from ..client import enqueue_rollout
 from .context import context_of, error, read_json
 
 routes = web.RouteTableDef()
+STATUSES: tuple[str, ...] = get_args(RolloutStatus)
 
 
 @routes.get("/v1/rollouts")
 async def list_rollouts(request: web.Request) -> web.Response:
-    items = await asyncio.to_thread(context_of(request).snapshots)
     status = request.query.get("status")
+    if status is not None and status not in STATUSES:
+        return error(400, f"unknown status {status!r}; one of {', '.join(STATUSES)}", "status")
+    unknown = sorted(set(request.query) - {"status"})
+    if unknown:
+        return error(400, f"unknown query parameter {unknown[0]!r}; the only one is 'status'", unknown[0])
+    items = await asyncio.to_thread(context_of(request).snapshots)
     if status:
         items = [i for i in items if i["status"] == status]
     return web.json_response({"items": items, "total": len(items)})
@@ -32,11 +43,11 @@ async def create_rollout(request: web.Request) -> web.Response:
     except ValidationError as exc:
         err = exc.errors()[0]
         return error(400, err["msg"], ".".join(str(p) for p in err["loc"]))
-    events = context_of(request).events
+    store = context_of(request).store
     try:
-        event = enqueue_rollout(events, req.input, mode=req.mode, resources_id=req.resources_id,
-                                config=req.config, metadata=req.metadata)
-    except (ValueError, ValidationError) as exc:
-        return error(400, str(exc))
-    await asyncio.to_thread(events.flush)
-    return web.json_response({"rollout_id": event.rollout_id, "status": "queuing"}, status=201)
+        rollout = await store.enqueue_rollout(req.input, req.mode, req.resources_id, req.config, req.metadata)
+    except StoreError as exc:  # the pipeline does not answer: worth a retry, not the caller's fault
+        return error(503, str(exc))
+    except ValueError as exc:
+        return error(400, str(exc), getattr(exc, "field", None))
+    return web.json_response(rollout.model_dump(mode="json"), status=201, dumps=lambda o: json.dumps(o, default=str))
