@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install baseline demo test lint bench compose-check up clean
+.PHONY: install s3rver baseline demo test lint bench compose-check up clean
 
 install: $(STAMP)
 
@@ -14,6 +14,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]' -c constraints-cpu.txt
 	@touch $(STAMP)
+
+# A file-backed S3 server (npm) for the storage benchmark's Tansu-on-s3:// rows (bench/broker_storage.py); the
+# stack does not need it.
+S3RVER_JS := $(VENV)/s3rver/node_modules/s3rver/bin/s3rver.js
+s3rver:
+	@test -f $(S3RVER_JS) || { command -v npm >/dev/null && \
+	  npm install --silent --no-save --no-package-lock --no-audit --no-fund --prefix $(VENV)/s3rver s3rver@3.7.1; } || \
+	  echo "npm not found: the storage benchmark's s3rver rows need node and npm (apt-get install nodejs npm)"
 
 # Agent Lightning 0.3.0 in its own virtualenv (.venv-agl; its pins conflict with Faust's): the benchmarks' baseline
 # and the compatibility tests' stock client. Made once; a no-op when it is there.

@@ -180,15 +180,29 @@ def child_specs(settings: Settings, runners: bool, with_gateway: bool, train: bo
               help="Crashes of one child within 2 minutes that are restarted; one more stops the stack.")
 @click.option("--policy-server/--no-policy-server", "with_policy_server", default=True, show_default=True,
               help="Serve the policy over the OpenAI API (LITSTREAM_POLICY_SERVER_PORT, 8090).")
-def up(runners: bool, with_gateway: bool, train: bool, max_restarts: int, with_policy_server: bool) -> None:
+@click.option("--ephemeral", is_flag=True,
+              help="Keep the broker's log in memory (faster; lost when the stack stops) instead of on disk under "
+                   "the data dir. Same as LITSTREAM_BROKER_STORAGE=memory.")
+def up(runners: bool, with_gateway: bool, train: bool, max_restarts: int, with_policy_server: bool,
+       ephemeral: bool) -> None:
     """Run the embedded broker and every processor in the foreground; Ctrl-C stops them all.
 
     A child that crashes is restarted with backoff; one that keeps failing stops the stack, and `up` exits 1
     naming it with the last lines of its log (all logs are in <data dir>/logs). One stack per data dir.
+
+    The broker's log is kept on disk under the data dir (LITSTREAM_DATA_DIR, default .litstream): stop the stack
+    and start it again, and every rollout, span, resource and offset is still there.
+
+    \b
+    Example:
+      litstream up --runners              # log in .litstream/log, kept across restarts
+      litstream up --ephemeral            # log in memory
     """
     from .stack import ChildFailedError, RestartPolicy, Stack, StackLockedError
 
     settings = Settings()
+    if ephemeral:
+        settings = settings.model_copy(update={"broker_storage": "memory"})
     stack = Stack(settings, echo=sys.stdout, policy=RestartPolicy(max_restarts=max_restarts))
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     code = 0
@@ -219,7 +233,8 @@ def _start_stack(stack: Any, specs: list[tuple[str, list[str]]], with_gateway: b
     settings = stack.settings
     bootstrap = stack.start_broker()
     created = stack.create_topics()
-    console.print(f"[bold]broker[/] on {bootstrap} ({len(created)} topics created); "
+    console.print(f"[bold]broker[/] on {bootstrap} ({len(created)} topics created; log "
+                  f"{'on disk' if settings.broker_storage == 'durable' else 'in memory'}); "
                   f"data in {settings.data_dir.resolve()}")
     for name, args in specs:
         stack.start(name, *args)
@@ -256,6 +271,7 @@ def status() -> None:
     except ConnectionError as exc:
         table.add_row("broker", "[red]down[/]", str(exc))
         ok = False
+    _log_disk_row(table, settings)
     for role in ("lifecycle", "span-sink", "triplets", "trainer", "gateway", "runner"):
         info = health.read(settings.data_dir, role)
         if info is None:
@@ -267,6 +283,30 @@ def status() -> None:
     ok &= _clickhouse_status(settings, table)
     console.print(table)
     sys.exit(0 if ok else 1)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.1f} MB"
+
+
+def _log_disk_row(table: Any, settings: Settings) -> None:
+    """Disk used by the data dir's parts: the durable log, chDB, the processors' local tables. (The durable log is
+    one snapshot file for every topic: no size per topic to read.)"""
+    import shutil
+
+    from litstream.infra.log_storage import MIN_FREE_BYTES
+
+    parts = {name: _dir_bytes(settings.data_dir / name) for name in ("log", "chdb", "faust")}
+    if not settings.data_dir.is_dir() or not any(parts.values()):
+        return
+    free = shutil.disk_usage(settings.data_dir).free
+    state = "[green]ok[/]" if free >= MIN_FREE_BYTES else "[red]disk nearly full[/]"
+    table.add_row("disk", state, ", ".join(f"{name} {_mb(n)}" for name, n in parts.items() if n)
+                  + f" in {settings.data_dir}; {_mb(free)} free")
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
 
 
 def _clickhouse_status(settings: Settings, table: Any) -> bool:

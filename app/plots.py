@@ -99,6 +99,7 @@ def reward_over_time(s: Section) -> Figure | None:
         xs, xlabel = _elapsed([p[0] for p in pts], start, end)
         ax.plot(xs, [p[1] for p in pts], marker=".", label=_label(rid))
     ax.set(title=s.title, xlabel=xlabel, ylabel="mean reward")
+    ax.set_xlim(left=0)  # elapsed time starts at 0 (one bucket alone would centre on it)
     _legend_outside(ax, ncol=1 if len(series) <= 16 else 2, title="resources")
     return fig
 
@@ -138,6 +139,7 @@ def tokens_over_time(s: Section) -> Figure | None:
     if len(xs) == 1:  # one bucket: a stack plot has no width, so show the point
         ax.bar(xs, [recs[0]["input_tokens"] + recs[0]["output_tokens"]], width=0.5, alpha=0.0)
     ax.set(title=s.title, xlabel=xlabel, ylabel="tokens per bucket")
+    ax.set_xlim(left=0)
     _legend_outside(ax)
     return fig
 
@@ -159,6 +161,7 @@ def outcomes_over_time(s: Section) -> Figure | None:
             ax.bar(xs, ys, bottom=bottom, width=width, label=outcome)
             bottom = [a + b for a, b in zip(bottom, ys)]
     ax.set(title=s.title, xlabel=xlabel, ylabel="attempts ended")
+    ax.set_xlim(left=0)
     _legend_outside(ax, title="outcome")
     return fig
 

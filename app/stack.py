@@ -19,6 +19,7 @@ from typing import IO, Any
 from litstream.infra import health
 from litstream.infra.broker import EmbeddedBroker
 from litstream.infra.kafka import create_topics, wait_for_broker
+from litstream.infra.log_storage import MIN_SESSION_TIMEOUT_MS, EmbeddedLog
 from litstream.infra.settings import Settings
 
 STACK_FILE = "stack.json"
@@ -35,7 +36,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
             continue
         if hasattr(value, "get_secret_value"):
             value = value.get_secret_value()
-        env[f"LITSTREAM_{name.upper()}"] = str(value)
+        # containers as JSON, which is how the settings read them back from the environment
+        env[f"LITSTREAM_{name.upper()}"] = json.dumps(value) if isinstance(value, dict | list) else str(value)
     return env
 
 
@@ -210,12 +212,19 @@ class Stack:
         self.log_dir.mkdir(parents=True, exist_ok=True)
 
     def start_broker(self) -> str:
+        """The embedded broker on the settings' storage (``broker_storage``: durable on disk, or memory)."""
         self.acquire()
-        # The embedded broker keeps its log in memory and starts empty: local copies of tables built from an
-        # earlier log (the lifecycle processor's RocksDB store) belong to that log, not to this one.
-        shutil.rmtree(self.settings.data_dir / "faust", ignore_errors=True)
-        self.broker = EmbeddedBroker(log_path=self.log_dir / "broker.log").start()
-        self.settings = self.settings.model_copy(update={"bootstrap_servers": self.broker.bootstrap})
+        log = EmbeddedLog(self.settings.broker_storage, self.settings.data_dir, self.log_dir)
+        unclean = (self.settings.data_dir / STACK_FILE).exists()  # the last run did not stop cleanly
+        if not log.durable or unclean or not log.root.exists():
+            # Local copies of tables built from the log (the lifecycle processor's RocksDB store) are rebuilt
+            # from it: the log starts empty (memory), or may have lost its last writes (a killed durable log).
+            shutil.rmtree(self.settings.data_dir / "faust", ignore_errors=True)
+        self.broker = log.start()
+        update: dict[str, object] = {"bootstrap_servers": self.broker.bootstrap}
+        if log.durable:  # noida-db refuses group sessions under 6 s (Apache Kafka's group.min.session.timeout.ms)
+            update["local_session_timeout_ms"] = max(self.settings.local_session_timeout_ms, MIN_SESSION_TIMEOUT_MS)
+        self.settings = self.settings.model_copy(update=update)
         write_stack_file(self.settings, self.broker)
         return self.broker.bootstrap
 

@@ -31,6 +31,7 @@ BENCHMARKS: dict[str, str] = {
     "span_ingest": "litstream.bench.span_ingest",
     "report_queries": "litstream.bench.report_queries",
     "trainer": "litstream.bench.trainer",
+    "broker_storage": "litstream.bench.broker_storage",
     "policy_server": "litstream.bench.policy_server",
 }
 

@@ -57,6 +57,12 @@ class EmbeddedBroker:
              "--storage-engine", self.storage, *(["--authentication"] if self.authentication else [])],
             stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(self.env or {})}, start_new_session=True,
         )
+        self._wait_answering(timeout)
+        return self
+
+    def _wait_answering(self, timeout: float) -> None:
+        """Until the broker answers a metadata request (or, with authentication, accepts a connection)."""
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -65,13 +71,13 @@ class EmbeddedBroker:
             if self.authentication:  # no anonymous metadata request: a listening port is the sign of life
                 with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                     if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                        return self
+                        return
                 time.sleep(0.05)
                 continue
             try:
                 # log_level 0: "connection refused" while it starts is expected, not worth a line
                 AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0}).list_topics(timeout=1.0)
-                return self
+                return
             except KafkaException:
                 time.sleep(0.05)
         self.stop()

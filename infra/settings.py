@@ -16,7 +16,8 @@ PREFIX = "LITSTREAM_"
 # Variables with the prefix that are not settings of the pipeline: read by tests, benchmarks and tools.
 OTHER_VARIABLES = frozenset({"LITSTREAM_FAILPOINTS", "LITSTREAM_SLOW", "LITSTREAM_VLLM_PYTHON", "LITSTREAM_AGL_VENV",
                              "LITSTREAM_MODEL_CACHE", "LITSTREAM_POLICY_UPSTREAM_API_KEY",
-                             "LITSTREAM_REQUIRE_BROWSER", "LITSTREAM_SCREENSHOTS"})
+                             "LITSTREAM_REQUIRE_BROWSER", "LITSTREAM_SCREENSHOTS",
+                             "LITSTREAM_NOIDA_DB", "LITSTREAM_S3RVER"})
 
 
 class UnknownSettingError(ValueError):
@@ -61,6 +62,13 @@ class Settings(BaseSettings):
     # after a delay that grows with it (3 s at 6000, 2 s at 3000), so a shorter one starts processes sooner (the
     # test suite uses 3000) but drops a member whose heartbeats stall that long (keep the default for heavy runs).
     local_session_timeout_ms: int = Field(6000, ge=1500, le=300_000)
+    # Where the embedded broker (`litstream up`, the demos, `Trainer.fit`'s stack) keeps its log: ``durable`` on disk
+    # under ``<data_dir>/log`` (Tansu on s3:// over a loopback s3rver; survives any stop), or ``memory`` (faster,
+    # gone when the broker stops: `litstream up --ephemeral`). See docs/durable-log.md.
+    broker_storage: Literal["durable", "memory"] = "durable"
+    # Per-topic retention overrides in ms by role name ("spans", "rollout-offers", "triplets", "spans.dlq", ...),
+    # applied when the topics are created; the defaults are in infra/topics.py. JSON in the environment.
+    topic_retention_ms: dict[str, int] = Field(default_factory=dict)
     # Where the lifecycle processor keeps its table of rollout state: ``rocksdb`` on disk under ``data_dir``
     # (memory bounded by the store's caches, warm after a restart) or ``memory`` (every rollout held in RAM,
     # rebuilt from the changelog at each start). The changelog on Kafka is the durable copy either way.

@@ -30,18 +30,26 @@ class TopicSpec:
     extra_config: dict[str, str] = field(default_factory=dict)
 
 
+# Retention (docs/durable-log.md): the lifecycle events and resources are the source of truth and kept forever;
+# spans are kept a week once copied into ClickHouse (the span sink's copy is the one queried); offers are dead once
+# claimed, so a day; triplets a month (the trainer's input, replayable from the spans in ClickHouse after that).
+# Each can be changed per topic with LITSTREAM_TOPIC_RETENTION_MS, e.g. '{"spans": 86400000}', before the topics
+# are created (`litstream topics create`, the compose file's `topics` job); -1 keeps forever.
 CATALOGUE: tuple[TopicSpec, ...] = (
     TopicSpec("rollout-events", "rollout_id", "Rollout and attempt lifecycle events: the source of truth."),
-    TopicSpec("spans", "rollout_id", "Span-recorded events from agents (SDK, OpenTelemetry, OTLP)."),
-    TopicSpec("rollout-offers", "rollout_id", "Rollouts on offer to runners (queuing/requeuing).",
+    TopicSpec("spans", "rollout_id", "Span-recorded events from agents (SDK, OpenTelemetry, OTLP).",
               retention_ms=7 * DAY_MS),
+    TopicSpec("rollout-offers", "rollout_id", "Rollouts on offer to runners (queuing/requeuing).",
+              retention_ms=DAY_MS),
     TopicSpec("rollout-state", "rollout_id", "Folded rollout snapshots, newest version wins.",
               cleanup="compact", dlq=False),
     TopicSpec("resources", "resources_id", "Resources-published events (policy versions, prompts).", partitions=1),
-    TopicSpec("triplets", "group_id", "(prompt, response, reward) triplets derived from spans."),
+    TopicSpec("triplets", "group_id", "(prompt, response, reward) triplets derived from spans.",
+              retention_ms=30 * DAY_MS),
     TopicSpec("workers", "worker_id", "Workers seen through their attempts and dequeues, and their heartbeats.",
               cleanup="compact", partitions=1),
 )
+DLQ_RETENTION_MS = 30 * DAY_MS
 
 # Faust keeps the lifecycle table's changelog here; declared so it is created with the right partition count.
 LIFECYCLE_APP = "lifecycle"
@@ -105,16 +113,29 @@ class PhysicalTopic:
     spec: TopicSpec | None
 
 
+def check_retention_names(overrides: dict[str, int]) -> None:
+    known = {spec.name for spec in CATALOGUE} | {f"{spec.name}.dlq" for spec in CATALOGUE if spec.dlq}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"LITSTREAM_TOPIC_RETENTION_MS names unknown topics {unknown}; known: {sorted(known)}")
+    bad = sorted(name for name, ms in overrides.items() if ms < -1 or ms == 0)
+    if bad:
+        raise ValueError(f"LITSTREAM_TOPIC_RETENTION_MS for {bad}: give milliseconds > 0, or -1 to keep forever")
+
+
 def physical_topics(settings: Settings) -> list[PhysicalTopic]:
     """Every topic to create, with its DLQ companions and the processors' changelogs."""
+    check_retention_names(settings.topic_retention_ms)
     topics = Topics(settings.topic_prefix)
     out: list[PhysicalTopic] = []
     for spec in CATALOGUE:
         partitions = spec.partitions or settings.partitions
-        config = {"cleanup.policy": spec.cleanup, "retention.ms": str(spec.retention_ms), **spec.extra_config}
+        retention = settings.topic_retention_ms.get(spec.name, spec.retention_ms)
+        config = {"cleanup.policy": spec.cleanup, "retention.ms": str(retention), **spec.extra_config}
         out.append(PhysicalTopic(topics.name(spec.name), partitions, config, spec))
         if spec.dlq:
             # Dead letters are kept for inspection and replay after a fix.
-            out.append(PhysicalTopic(topics.dlq(spec.name), 1, {"retention.ms": str(30 * DAY_MS)}, None))
+            dlq_retention = settings.topic_retention_ms.get(f"{spec.name}.dlq", DLQ_RETENTION_MS)
+            out.append(PhysicalTopic(topics.dlq(spec.name), 1, {"retention.ms": str(dlq_retention)}, None))
     out.append(PhysicalTopic(topics.lifecycle_changelog, settings.partitions, {"cleanup.policy": "compact"}, None))
     return out

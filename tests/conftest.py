@@ -19,6 +19,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Every process the tests start joins consumer groups, and the embedded broker answers a first join after a delay
 # that grows with the session timeout: 3 s instead of the default 6 s makes it 2 s instead of 3 (measured).
 os.environ.setdefault("LITSTREAM_LOCAL_SESSION_TIMEOUT_MS", "3000")
+# Stacks the tests start (`litstream up`, the demos) keep their log in memory: faster, and every test starts empty.
+# tests/test_durable_log.py runs the durable default.
+os.environ.setdefault("LITSTREAM_BROKER_STORAGE", "memory")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

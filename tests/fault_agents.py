@@ -28,3 +28,15 @@ def llm_call_agent(task: Any, ctx: AttemptContext) -> float:
     with ctx.span("agent.rollout"), ctx.span("chat toy", dict(LLM_CALL)):
         pass
     return 1.0
+
+
+def llm_call_or_stall_first(task: Any, rollout: AttemptedRollout, ctx: AttemptContext) -> float:
+    """Tasks with ``stall`` hang 30 s in their first attempt (in flight when the stack stops; not longer, as a
+    stopping runner's process waits for its agents' threads); a retry, and every other task, makes one LLM call
+    with token ids (one triplet) and succeeds."""
+    with ctx.span("agent.rollout", {"attempt.sequence": rollout.attempt.sequence_id}):
+        if isinstance(task, dict) and task.get("stall") and rollout.attempt.sequence_id == 1:
+            time.sleep(30)
+        with ctx.span("chat toy", dict(LLM_CALL)):
+            pass
+    return 1.0
