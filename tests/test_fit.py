@@ -130,7 +130,7 @@ def test_ctrl_c_during_fit_stops_cleanly_and_a_rerun_resumes_from_the_checkpoint
     env = {**os.environ, "LITSTREAM_DATA_DIR": str(tmp_path / "data"), "OMP_NUM_THREADS": "1"}
     checkpoints = tmp_path / "data" / "train" / "checkpoints"
     proc = subprocess.Popen(_train_cmd("--train", "examples/data/copy_train.jsonl", "--passes", "5"), env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         waited = 0
         while max(_checkpoint_versions(checkpoints), default=0) < 1 and proc.poll() is None and waited < 2400:
@@ -139,8 +139,10 @@ def test_ctrl_c_during_fit_stops_cleanly_and_a_rerun_resumes_from_the_checkpoint
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=180)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        try:  # whatever went wrong, no process of that stack outlives the test
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     assert proc.returncode == 0, err[-3000:]
     summary = json.loads(out.splitlines()[-1])
     assert summary["interrupted"] is True
