@@ -31,7 +31,31 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class EmbeddedBroker:
+class ServerProcess:
+    """A local server the stack runs as a child process: alive, stopped (terminate, then kill) or killed."""
+
+    proc: subprocess.Popen[bytes] | None = None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class EmbeddedBroker(ServerProcess):
     """Start/stop one Tansu process. ``storage`` is ``memory://tansu/`` (default) or ``s3://bucket/``."""
 
     def __init__(self, port: int | None = None, storage: str = "memory://tansu/", log_path: Path | None = None,
@@ -83,23 +107,6 @@ class EmbeddedBroker:
         self.stop()
         raise TimeoutError(f"the embedded broker did not answer on {self.bootstrap} within {timeout:.0f}s")
 
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
     def __enter__(self) -> EmbeddedBroker:
         return self.start()

@@ -24,7 +24,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .broker import EmbeddedBroker, free_port
+from .broker import EmbeddedBroker, ServerProcess, free_port
 
 BUCKET = "tansu"
 S3RVER_VERSION = "3.7.1"
@@ -47,7 +47,7 @@ def install_hint() -> str:
 
 
 @dataclass
-class S3Server:
+class S3Server(ServerProcess):
     """One loopback S3 server process holding the broker's bucket under ``root``."""
 
     root: Path
@@ -111,24 +111,6 @@ class S3Server:
             urllib.request.urlopen(urllib.request.Request(f"{self.url}/{BUCKET}", method="PUT"), timeout=2)
         except OSError:
             pass  # asked again on the next probe
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def noida_binary() -> str:
