@@ -181,8 +181,8 @@ def child_specs(settings: Settings, runners: bool, with_gateway: bool, train: bo
 @click.option("--policy-server/--no-policy-server", "with_policy_server", default=True, show_default=True,
               help="Serve the policy over the OpenAI API (LITSTREAM_POLICY_SERVER_PORT, 8090).")
 @click.option("--ephemeral", is_flag=True,
-              help="Keep the broker's log in memory (faster; lost when the stack stops) instead of on disk under "
-                   "the data dir. Same as LITSTREAM_BROKER_STORAGE=memory.")
+              help="Keep the broker's log in memory (the default; lost when the stack stops) even when "
+                   "LITSTREAM_BROKER_STORAGE=durable asks for it on disk under the data dir.")
 def up(runners: bool, with_gateway: bool, train: bool, max_restarts: int, with_policy_server: bool,
        ephemeral: bool) -> None:
     """Run the embedded broker and every processor in the foreground; Ctrl-C stops them all.

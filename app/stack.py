@@ -19,7 +19,7 @@ from typing import IO, Any
 from litstream.infra import health
 from litstream.infra.broker import EmbeddedBroker
 from litstream.infra.kafka import create_topics, wait_for_broker
-from litstream.infra.log_storage import MIN_SESSION_TIMEOUT_MS, EmbeddedLog
+from litstream.infra.log_storage import EmbeddedLog
 from litstream.infra.settings import Settings
 
 STACK_FILE = "stack.json"
@@ -221,10 +221,9 @@ class Stack:
             # from it: the log starts empty (memory), or may have lost its last writes (a killed durable log).
             shutil.rmtree(self.settings.data_dir / "faust", ignore_errors=True)
         self.broker = log.start()
-        update: dict[str, object] = {"bootstrap_servers": self.broker.bootstrap}
-        if log.durable:  # noida-db refuses group sessions under 6 s (Apache Kafka's group.min.session.timeout.ms)
-            update["local_session_timeout_ms"] = max(self.settings.local_session_timeout_ms, MIN_SESSION_TIMEOUT_MS)
-        self.settings = self.settings.model_copy(update=update)
+        # The durable log's minimum group session (6 s) is applied by every client: infra/profiles.py.
+        self.settings = self.settings.model_copy(update={"bootstrap_servers": self.broker.bootstrap,
+                                                         "broker_storage": "durable" if log.durable else "memory"})
         write_stack_file(self.settings, self.broker)
         return self.broker.bootstrap
 

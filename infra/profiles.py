@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .log_storage import MIN_SESSION_TIMEOUT_MS
 from .settings import Settings
 
 # The embedded broker: the first group join waits a delay that grows with the session timeout
@@ -35,16 +36,24 @@ def security_config(settings: Settings) -> dict[str, Any]:
     return conf
 
 
+def local_session_timeout_ms(settings: Settings) -> int:
+    """The group session timeout on the embedded broker: the durable log (noida-db) refuses one under 6 s, as
+    Apache Kafka's group.min.session.timeout.ms does, so every client of it asks for at least that."""
+    if settings.broker_storage == "durable":
+        return max(settings.local_session_timeout_ms, MIN_SESSION_TIMEOUT_MS)
+    return settings.local_session_timeout_ms
+
+
 def consumer_profile(settings: Settings) -> dict[str, Any]:
     if settings.profile != "local":
         return {}
-    return {"session.timeout.ms": settings.local_session_timeout_ms, "heartbeat.interval.ms": _LOCAL_HEARTBEAT_MS,
+    return {"session.timeout.ms": local_session_timeout_ms(settings), "heartbeat.interval.ms": _LOCAL_HEARTBEAT_MS,
             "fetch.wait.max.ms": settings.local_fetch_wait_ms}
 
 
 def faust_profile(settings: Settings) -> dict[str, Any]:
     if settings.profile != "local":
         return dict(_PRODUCTION_FAUST)
-    return {"broker_session_timeout": settings.local_session_timeout_ms / 1000,
+    return {"broker_session_timeout": local_session_timeout_ms(settings) / 1000,
             "broker_heartbeat_interval": _LOCAL_HEARTBEAT_MS / 1000}
 

@@ -65,7 +65,7 @@ class Settings(BaseSettings):
     # Where the embedded broker (`litstream up`, the demos, `Trainer.fit`'s stack) keeps its log: ``durable`` on disk
     # under ``<data_dir>/log`` (Tansu on s3:// over a loopback s3rver; survives any stop), or ``memory`` (faster,
     # gone when the broker stops: `litstream up --ephemeral`). See docs/durable-log.md.
-    broker_storage: Literal["durable", "memory"] = "durable"
+    broker_storage: Literal["durable", "memory"] = "memory"
     # Per-topic retention overrides in ms by role name ("spans", "rollout-offers", "triplets", "spans.dlq", ...),
     # applied when the topics are created; the defaults are in infra/topics.py. JSON in the environment.
     topic_retention_ms: dict[str, int] = Field(default_factory=dict)

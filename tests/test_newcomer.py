@@ -59,7 +59,8 @@ def session(tmp_path: Path) -> Iterator[Session]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LITSTREAM_")}
     env.update({"LITSTREAM_DATA_DIR": str(tmp_path / "data"), "LITSTREAM_GATEWAY_PORT": str(port),
-                "LITSTREAM_LOCAL_SESSION_TIMEOUT_MS": "3000", "OMP_NUM_THREADS": "1", "COLUMNS": "200"})
+                "LITSTREAM_LOCAL_SESSION_TIMEOUT_MS": "3000", "OMP_NUM_THREADS": "1", "COLUMNS": "200",
+                "LITSTREAM_POLICY_SERVER_PORT": "0"})
     log = tmp_path / "up.log"
     with log.open("w") as out:
         up = subprocess.Popen([sys.executable, "-m", "litstream.app.cli", "up"], cwd=tmp_path, env=env,
@@ -173,6 +174,7 @@ def test_a_child_that_keeps_failing_stops_up_with_exit_1_naming_it(tmp_path: Pat
     and shows its log's last lines, stops the rest, and exits 1 (it used to exit 0)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LITSTREAM_")}
     env.update({"LITSTREAM_DATA_DIR": str(tmp_path / "data"), "LITSTREAM_LOCAL_SESSION_TIMEOUT_MS": "3000",
+                "LITSTREAM_POLICY_SERVER_PORT": "0",
                 "LITSTREAM_FAILPOINTS": "span-sink.after-insert", "OMP_NUM_THREADS": "1"})
     up = subprocess.Popen([sys.executable, "-m", "litstream.app.cli", "up", "--no-gateway", "--max-restarts", "1"],
                           cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
