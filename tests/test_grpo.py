@@ -129,3 +129,19 @@ def test_epochs_take_that_many_optimizer_steps_on_one_window() -> None:
     state = learner.optimizer.state[next(iter(policy.model.parameters()))]
     assert int(state["step"]) == 3  # three AdamW steps on one window, one policy version
     assert learner.version == 1
+
+
+def test_decoupled_loss_equals_plain_ppo_on_fresh_samples_and_weights_stale_ones() -> None:
+    torch.manual_seed(0)
+    logp = torch.randn(3, 4, requires_grad=True)
+    old = logp.detach() + 0.1 * torch.randn(3, 4)
+    adv, mask = torch.tensor([1.0, -0.5, 0.2]), torch.ones(3, 4)
+    cfg = LossConfig(decoupled=True, max_behavior_weight=2.0)
+    plain, _ = grpo_loss(logp, old, adv, mask, cfg)
+    same, _ = grpo_loss(logp, old, adv, mask, cfg, prox_logp=old)  # the engine's policy is the proximal one
+    assert torch.allclose(plain, same)
+    # A stale sample: the proximal policy likes its tokens far more than the engine did; the weight is capped.
+    prox = old + 3.0
+    stale, _ = grpo_loss(logp, old, adv, mask, cfg, prox_logp=prox)
+    anchored, _ = grpo_loss(logp, prox, adv, mask, LossConfig())
+    assert torch.allclose(stale, 2.0 * anchored)

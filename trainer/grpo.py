@@ -105,6 +105,11 @@ class LossConfig:
     dual_clip: float | None = None  # c > 1, e.g. 3.0; None: off
     kl_beta: float = 0.0
     entropy_coef: float = 0.0  # a bonus on the policy's entropy (needs the entropy with its gradient)
+    # Decoupled PPO (for stale samples): clip against the policy as it was when the step began (the proximal
+    # policy), and correct for the generating engine's policy with a separate importance weight, capped here.
+    # Samples a few versions old then still move the policy; with plain PPO their ratios start outside the clip.
+    decoupled: bool = False
+    max_behavior_weight: float = 5.0
 
 
 @dataclass
@@ -121,20 +126,26 @@ class LossStats:
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
               cfg: LossConfig | None = None, ref_logp: torch.Tensor | None = None,
               entropy: torch.Tensor | None = None, normalizer: float | None = None,
-              ) -> tuple[torch.Tensor, LossStats]:
+              prox_logp: torch.Tensor | None = None) -> tuple[torch.Tensor, LossStats]:
     """The GRPO loss: ``sum over tokens of per-token loss / normalizer``.
 
     ``logp``, ``old_logp``, ``ref_logp``, ``mask``: [B, R]; ``advantages``: [B] (one per sequence).
     ``normalizer`` defaults to this batch's token count; a micro-batched step passes the whole batch's count so
-    that the summed gradients equal those of one token-mean over everything.
+    that the summed gradients equal those of one token-mean over everything. With ``prox_logp`` (decoupled PPO)
+    the ratio is taken against it and each token is weighted by ``exp(prox_logp - old_logp)``, capped at
+    ``cfg.max_behavior_weight``.
     """
     cfg = cfg or LossConfig()
     mask = mask.float()
     adv = advantages.unsqueeze(1).to(logp.dtype)
     lo, hi = 1.0 - cfg.clip_eps, 1.0 + (cfg.clip_eps_high if cfg.clip_eps_high is not None else cfg.clip_eps)
-    log_ratio = (logp - old_logp) * mask  # masked positions: ratio exactly 1
+    anchor = prox_logp if prox_logp is not None else old_logp
+    log_ratio = (logp - anchor) * mask  # masked positions: ratio exactly 1
     ratio = torch.exp(log_ratio)
     pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(lo, hi))
+    if prox_logp is not None:
+        behavior = torch.exp((prox_logp - old_logp) * mask).clamp(max=cfg.max_behavior_weight)
+        pg = pg * behavior.detach()
     if cfg.dual_clip is not None:
         if cfg.dual_clip <= 1.0:
             raise ValueError("dual_clip must exceed 1")

@@ -87,8 +87,9 @@ class GrpoLearner:
         total_tokens = sum(len(s.response_token_ids) for s in samples)
         self.model.train()
         batches = self._micro_batches(samples)
+        prox = self._proximal_logprobs(samples, batches) if self.cfg.loss.decoupled else None
         for _ in range(max(self.cfg.epochs, 1)):
-            agg, loss_sum, grad_norm = self._update(samples, advs, batches, total_tokens)
+            agg, loss_sum, grad_norm = self._update(samples, advs, batches, total_tokens, prox)
         self.model.eval()
         lags = [self.version - s.policy_version for s in samples if s.policy_version is not None]
         by_group: dict[str, list[float]] = {}
@@ -105,14 +106,25 @@ class GrpoLearner:
             zero_adv_groups=sum(1 for rs in by_group.values() if max(rs) == min(rs)),
             version_lag=sum(lags) / len(lags) if lags else 0.0, seconds=time.perf_counter() - t0)
 
+    @torch.no_grad()
+    def _proximal_logprobs(self, samples: list[Sample], batches: list[list[int]]) -> list[torch.Tensor]:
+        """Each micro-batch's response log-probs under the policy as the step begins (decoupled PPO's anchor)."""
+        out = []
+        for idx in batches:
+            batch = pack([samples[i].prompt_token_ids for i in idx], [samples[i].response_token_ids for i in idx],
+                         self.tokenizer.pad_id)
+            out.append(response_logprobs(self.model, batch)[0])
+        return out
+
     def _update(self, samples: list[Sample], advs: list[float], batches: list[list[int]], total_tokens: int,
-                ) -> tuple[LossStats, float, float]:
+                prox: list[torch.Tensor] | None = None) -> tuple[LossStats, float, float]:
         """One optimizer step over every micro-batch: the stats, the summed loss and the gradient norm."""
         self.optimizer.zero_grad(set_to_none=True)
         agg = LossStats(0, 0, 0, 0, 0)
         loss_sum = 0.0
-        for idx in batches:
-            loss, st = self._micro_step([samples[i] for i in idx], [advs[i] for i in idx], total_tokens)
+        for k, idx in enumerate(batches):
+            loss, st = self._micro_step([samples[i] for i in idx], [advs[i] for i in idx], total_tokens,
+                                        prox[k] if prox is not None else None)
             loss.backward()
             loss_sum += float(loss.item())
             for name in ("tokens", "clipped", "ratio", "kl", "entropy"):
@@ -127,7 +139,7 @@ class GrpoLearner:
         return agg, loss_sum, grad_norm
 
     def _micro_step(self, samples: list[Sample], advs: list[float], normalizer: int,
-                    ) -> tuple[torch.Tensor, LossStats]:
+                    prox: torch.Tensor | None = None) -> tuple[torch.Tensor, LossStats]:
         batch = pack([s.prompt_token_ids for s in samples], [s.response_token_ids for s in samples],
                      self.tokenizer.pad_id)
         logp, entropy = response_logprobs(self.model, batch, with_entropy=self.cfg.with_entropy)
@@ -145,7 +157,7 @@ class GrpoLearner:
         if entropy is not None and not self.cfg.loss.entropy_coef:
             entropy = entropy.detach()
         return grpo_loss(logp, old, torch.tensor(advs, dtype=logp.dtype), batch.response_mask, self.cfg.loss,
-                         ref_logp=ref, entropy=entropy, normalizer=float(max(normalizer, 1)))
+                         ref_logp=ref, entropy=entropy, normalizer=float(max(normalizer, 1)), prox_logp=prox)
 
     def _micro_batches(self, samples: list[Sample]) -> list[list[int]]:
         """Greedy packing, longest first, so that n * longest <= micro_batch_tokens (at least one each)."""
