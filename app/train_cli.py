@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from litstream.infra.settings import Settings
-from litstream.trainer.algorithm import GRPO, Algorithm, Baseline, PromptSearch, openai_critic
+from litstream.trainer.algorithm import GRPO, Algorithm, Baseline, PromptSearch
 
 EXAMPLE = """\b
 Examples:
@@ -32,8 +32,8 @@ def _algorithm(name: str, opts: dict[str, Any]) -> Algorithm:
     if name == "prompt-search":
         if not opts["template"]:
             raise click.UsageError("--algorithm prompt-search needs at least one --template")
-        critic = openai_critic(opts["critic_url"], opts["critic_model"]) if opts["critic_url"] else None
-        return PromptSearch(opts["template"], critic=critic, rounds=opts["rounds"])
+        return PromptSearch(opts["template"], critic=opts["critic_url"], rounds=opts["rounds"],
+                            critic_model=opts["critic_model"], critic_max_tokens=opts["critic_max_tokens"])
     return GRPO(model=opts["model"], group_size=opts["group_size"], groups_per_step=opts["groups_per_step"],
                 passes=opts["passes"], val_every=opts["val_every"], lr=opts["lr"], ppo_epochs=opts["epochs"],
                 entropy_coef=opts["entropy_coef"], max_staleness=opts["max_staleness"], seed=opts["seed"])
@@ -62,8 +62,11 @@ def _algorithm(name: str, opts: dict[str, Any]) -> Algorithm:
 @click.option("--seed", default=0, show_default=True)
 @click.option("--template", multiple=True, help="prompt-search: a candidate prompt template (repeatable).")
 @click.option("--rounds", default=1, show_default=True, help="prompt-search: critic proposals to try.")
-@click.option("--critic-url", default=None, help="prompt-search: an OpenAI-compatible endpoint proposing templates.")
+@click.option("--critic-url", default=None, help="prompt-search: an OpenAI-compatible endpoint proposing templates, "
+                                                "or 'policy' for the run's own policy endpoint.")
 @click.option("--critic-model", default="tiny-policy", show_default=True)
+@click.option("--critic-max-tokens", default=256, show_default=True,
+              help="prompt-search: the critic's answer length (prompt and answer must fit its context).")
 @click.option("--resume", is_flag=True, help="Go on from the checkpoints of the last run in this data dir.")
 @click.option("--join", is_flag=True, help="Use the Kafka of the settings (a running stack) instead of a fresh "
                                            "embedded one; start runners there with `litstream runner --agent`.")

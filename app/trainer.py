@@ -441,11 +441,13 @@ class Trainer:
 
     def _summary(self, seconds: float, interrupted: bool) -> FitSummary:
         h: History = self.algorithm.history
+        extra = self.algorithm.report()
+        if self._driver is not None and self.gateway:
+            extra["gateway_url"] = self._driver.gateway_url
         return FitSummary(algorithm=self.algorithm.name, train_reward_by_version=History.means(h.train),
                           val_reward_by_version=History.means(h.val), rollouts=h.rollouts, failed=h.failed,
                           by_status=dict(h.statuses), seconds=seconds, interrupted=interrupted,
-                          data_dir=str(self.settings.data_dir),
-                          extra={"gateway_url": self._driver.gateway_url} if self._driver and self.gateway else {})
+                          data_dir=str(self.settings.data_dir), extra=extra)
 
 
 def _clear_run_dir(run_dir: Path, keep: list[str]) -> None:
