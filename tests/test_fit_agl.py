@@ -52,7 +52,8 @@ class AglRunner:
                 self.url = str(info["gateway_url"])
                 out = self.log.open("w")
                 self.proc = subprocess.Popen([str(self.python), str(SCRIPT), self.url], stdout=out,
-                                             stderr=subprocess.STDOUT, text=True, env=_agl_env())
+                                             stderr=subprocess.STDOUT, text=True, env=_agl_env(),
+                                             cwd=self.log.parent)  # AgentOps writes agentops.log in its cwd
                 return
             time.sleep(0.25)
 
