@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from litstream.infra.settings import Settings
-from litstream.trainer.algorithm import GRPO, Algorithm, Baseline, PromptSearch, openai_critic
+from litstream.trainer.algorithm import GRPO, Algorithm, Baseline, PromptSearch
 
 EXAMPLE = """\b
 Examples:
@@ -22,6 +22,7 @@ Examples:
   litstream train --agent my_agents:support_bot --train tasks.parquet --algorithm baseline
   litstream train --agent my_agents:support_bot --train t.jsonl --val v.jsonl --algorithm prompt-search \\
                   --template "Answer briefly: {question}" --template "Think, then answer: {question}"
+  litstream train --gateway --runners 0 --train t.jsonl     # Agent Lightning's runners run the rollouts
 """
 
 
@@ -31,15 +32,16 @@ def _algorithm(name: str, opts: dict[str, Any]) -> Algorithm:
     if name == "prompt-search":
         if not opts["template"]:
             raise click.UsageError("--algorithm prompt-search needs at least one --template")
-        critic = openai_critic(opts["critic_url"], opts["critic_model"]) if opts["critic_url"] else None
-        return PromptSearch(opts["template"], critic=critic, rounds=opts["rounds"])
+        return PromptSearch(opts["template"], critic=opts["critic_url"], rounds=opts["rounds"],
+                            critic_model=opts["critic_model"], critic_max_tokens=opts["critic_max_tokens"])
     return GRPO(model=opts["model"], group_size=opts["group_size"], groups_per_step=opts["groups_per_step"],
                 passes=opts["passes"], val_every=opts["val_every"], lr=opts["lr"], ppo_epochs=opts["epochs"],
                 entropy_coef=opts["entropy_coef"], max_staleness=opts["max_staleness"], seed=opts["seed"])
 
 
 @click.command(epilog=EXAMPLE)
-@click.option("--agent", required=True, help="module:attr of the agent (a LitAgent or a function taking task, llm).")
+@click.option("--agent", default=None, help="module:attr of the agent (a LitAgent or a function taking task, llm); "
+                                          "not needed with --gateway --runners 0.")
 @click.option("--train", "train_path", required=True, type=click.Path(path_type=Path),
               help="Training tasks: JSONL (one JSON value a line) or Parquet (one task a row).")
 @click.option("--val", "val_path", type=click.Path(path_type=Path), default=None, help="Validation tasks, as --train.")
@@ -60,14 +62,22 @@ def _algorithm(name: str, opts: dict[str, Any]) -> Algorithm:
 @click.option("--seed", default=0, show_default=True)
 @click.option("--template", multiple=True, help="prompt-search: a candidate prompt template (repeatable).")
 @click.option("--rounds", default=1, show_default=True, help="prompt-search: critic proposals to try.")
-@click.option("--critic-url", default=None, help="prompt-search: an OpenAI-compatible endpoint proposing templates.")
+@click.option("--critic-url", default=None, help="prompt-search: an OpenAI-compatible endpoint proposing templates, "
+                                                "or 'policy' for the run's own policy endpoint.")
 @click.option("--critic-model", default="tiny-policy", show_default=True)
+@click.option("--critic-max-tokens", default=256, show_default=True,
+              help="prompt-search: the critic's answer length (prompt and answer must fit its context).")
 @click.option("--resume", is_flag=True, help="Go on from the checkpoints of the last run in this data dir.")
 @click.option("--join", is_flag=True, help="Use the Kafka of the settings (a running stack) instead of a fresh "
                                            "embedded one; start runners there with `litstream runner --agent`.")
+@click.option("--gateway", "with_gateway", is_flag=True,
+              help="Also serve the gateway (Agent Lightning's store API and OTLP) for Agent Lightning's own runners: "
+                   "run them with AGL_CURRENT_ROLE=runner AGL_SERVER_HOST/AGL_SERVER_PORT of the URL it prints.")
+@click.option("--gateway-port", default=0, show_default=True, help="The gateway's port (0: any free port).")
 @click.option("--json", "as_json", is_flag=True, help="End with one JSON line for scripts.")
-def train(agent: str, train_path: Path, val_path: Path | None, algorithm: str, runners: int, concurrency: int,
-          resume: bool, join: bool, as_json: bool, **opts: Any) -> None:
+def train(agent: str | None, train_path: Path, val_path: Path | None, algorithm: str, runners: int,
+          concurrency: int, resume: bool, join: bool, with_gateway: bool, gateway_port: int, as_json: bool,
+          **opts: Any) -> None:
     """Train an agent on a dataset (Trainer.fit): GRPO on the policy, a baseline run, or a prompt search.
 
     Brings up the embedded stack (broker, pipeline, policy server publishing itself, the trainer, runners with
@@ -77,11 +87,15 @@ def train(agent: str, train_path: Path, val_path: Path | None, algorithm: str, r
     from .trainer import Trainer, load_dataset
 
     err = Console(stderr=True)
+    if agent is None and not (with_gateway and runners == 0):
+        raise click.UsageError("--agent is needed, unless Agent Lightning's runners run the rollouts "
+                               "(--gateway --runners 0)")
     try:
         train_set = load_dataset(train_path)
         val_set = load_dataset(val_path) if val_path else None
         trainer = Trainer(algorithm=_algorithm(algorithm, opts), n_runners=runners, concurrency=concurrency,
-                          model=opts["model"], settings=Settings(), join=join, resume=resume)
+                          model=opts["model"], settings=Settings(), join=join, resume=resume,
+                          gateway=with_gateway, gateway_port=gateway_port)
         summary = trainer.fit(agent, train_set, val_set)
     except (ValueError, RuntimeError, TimeoutError, ConnectionError, LookupError) as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}")

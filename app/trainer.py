@@ -24,6 +24,7 @@ from typing import Any
 from rich.console import Console
 
 from litstream.infra import health
+from litstream.infra.broker import free_port
 from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
 from litstream.schemas.codec import Codec
@@ -96,6 +97,7 @@ class StackDriver:
         self.pending: dict[str, _Pending] = {}
         self.stop_event = threading.Event()
         self.serving_through_proxy = False  # True once a policy server publishes itself
+        self.gateway_url: str | None = None  # where Agent Lightning's own runners reach this stack
         self.submitted = 0
         self._last_show = 0.0
 
@@ -286,13 +288,18 @@ class Trainer:
     JSON-able tasks. Without ``join``, everything runs on a fresh embedded stack in ``<data dir>/train``; with
     ``join=True`` the Kafka (and data dir) of the settings are used and only the driver runs here: start
     runners with ``litstream runner --agent module:attr`` on any machine that reaches that Kafka.
+
+    ``gateway=True`` also serves the HTTP gateway (Agent Lightning's store API and OTLP) on ``gateway_port`` (0:
+    any free port), so Agent Lightning's stock runners, pointed at the URL it prints, run the rollouts; with
+    ``n_runners=0`` they are the only runners and ``agent`` may be None.
     """
 
     def __init__(self, algorithm: Algorithm | None = None, n_runners: int = 1, concurrency: int = 4,
                  model: str = "tiny", settings: Settings | None = None, join: bool = False,
                  quiet: bool = False, resume: bool = False, serve_policy: bool = True, run_name: str = "train",
                  on_finish: Callable[[Settings], None] | None = None,
-                 rollout_config: RolloutConfig | None = None) -> None:
+                 rollout_config: RolloutConfig | None = None, gateway: bool = False,
+                 gateway_port: int = 0) -> None:
         self.algorithm = algorithm or GRPO(model=model)
         self.n_runners = n_runners
         self.concurrency = concurrency
@@ -305,6 +312,11 @@ class Trainer:
         self.run_name = run_name  # the embedded stack's data dir: <data dir>/<run_name>
         self.on_finish = on_finish  # called with the stack's settings after training, while it still runs
         self.rollout_config = rollout_config or DEFAULT_ROLLOUT_CONFIG  # retries of every rollout it submits
+        if gateway and join:  # a joined stack runs its own processes, its gateway among them
+            raise ValueError("gateway=True starts a gateway on the embedded stack; with join, run "
+                             "`litstream gateway` there")
+        self.gateway = gateway
+        self.gateway_port = gateway_port
         self.console = Console(stderr=True, quiet=quiet)
         self._driver: StackDriver | None = None
 
@@ -312,7 +324,7 @@ class Trainer:
         """Train ``agent`` on ``train_dataset``, validating on ``val_dataset``; Ctrl-C stops cleanly (the
         trainer's checkpoints and the topics keep what was done) and still returns the summary."""
         train, val = _tasks(train_dataset, "train"), _tasks(val_dataset, "val") if val_dataset is not None else None
-        path, extra_path = agent_path(agent)
+        path, extra_path = self._agent(agent)
         t0 = time.monotonic()
         interrupted = False
         with self._running(path, extra_path) as driver:
@@ -328,6 +340,14 @@ class Trainer:
                 if threading.current_thread() is threading.main_thread():
                     signal.signal(signal.SIGINT, previous)
         return self._summary(time.monotonic() - t0, interrupted)
+
+    def _agent(self, agent: Any) -> tuple[str, str | None]:
+        if agent is None and self.n_runners == 0 and self.gateway:
+            return "(Agent Lightning runners through the gateway)", None
+        if agent is None:
+            raise ValueError("no agent: give one for the runners (or n_runners=0 and gateway=True, and run "
+                             "Agent Lightning's runners against the gateway)")
+        return agent_path(agent)
 
     def dev(self, agent: Any, dataset: Sequence[Any]) -> FitSummary:
         """Run each task once with the current resources and no training (the reference's ``dev``)."""
@@ -387,6 +407,8 @@ class Trainer:
             stack.wait_ready("trainer", "trainer", key="version", timeout=600)  # SmolLM2 takes a while to load
         if self.serve_policy:
             self._start_policy_server(stack, driver)
+        if self.gateway:
+            self._start_gateway(stack, driver)
         if not self.algorithm.trains_policy and driver.latest_policy() is None:
             # Nothing trains: version 0 is the server's own policy, published for it to front.
             driver.publish({POLICY_RESOURCE: LLM(endpoint=f"{self.model}://initial", model=f"{self.model}-policy",
@@ -407,12 +429,25 @@ class Trainer:
         stack.start("policy-server", *server)
         stack.wait_ready("policy-server", "policy-server", key="url", timeout=600)
 
+    def _start_gateway(self, stack: Stack, driver: StackDriver) -> None:
+        """The gateway on a port fixed for the whole run (a restarted gateway keeps the URL runners were given)."""
+        host, port = self.settings.gateway_host, self.gateway_port or free_port()
+        stack.start("gateway", "gateway", "--host", host, "--port", str(port))
+        stack.wait_ready("gateway", "gateway")
+        driver.gateway_url = f"http://{host}:{port}"
+        stack.describe(gateway_url=driver.gateway_url)  # `litstream status` in this data dir shows it
+        self.console.print(f"  [bold]gateway[/] on {driver.gateway_url}: point Agent Lightning's runners at it "
+                           f"(AGL_CURRENT_ROLE=runner AGL_SERVER_HOST={host} AGL_SERVER_PORT={port})")
+
     def _summary(self, seconds: float, interrupted: bool) -> FitSummary:
         h: History = self.algorithm.history
+        extra = self.algorithm.report()
+        if self._driver is not None and self.gateway:
+            extra["gateway_url"] = self._driver.gateway_url
         return FitSummary(algorithm=self.algorithm.name, train_reward_by_version=History.means(h.train),
                           val_reward_by_version=History.means(h.val), rollouts=h.rollouts, failed=h.failed,
                           by_status=dict(h.statuses), seconds=seconds, interrupted=interrupted,
-                          data_dir=str(self.settings.data_dir))
+                          data_dir=str(self.settings.data_dir), extra=extra)
 
 
 def _clear_run_dir(run_dir: Path, keep: list[str]) -> None:

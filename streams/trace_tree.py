@@ -17,7 +17,7 @@ call too.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -177,30 +177,39 @@ class TraceTree:
         return re.search(llm_call_match, self.span.name) is not None or (genai and is_genai_llm_call(self.span))
 
     def find_llm_calls(self, *, llm_call_match: str, agent_match: str | None, genai: bool = True,
-                       exclude_in_reward: bool = True, dedupe: bool = True) -> list[tuple[TraceTree, str]]:
-        """LLM-call nodes in depth-first order, each with the agent whose subtree it is in."""
-        seen_ids: set[str] = set()
+                       exclude_in_reward: bool = True, dedupe: bool = True,
+                       prefer: Callable[[TraceSpan], bool] | None = None) -> list[tuple[TraceTree, str]]:
+        """LLM-call nodes in depth-first order, each with the agent whose subtree it is in.
+
+        Copies of one call (the same response id, or one without an id nested in a kept call) count once: the
+        first, as the reference, unless ``prefer`` holds for a later copy and not for the kept one. Then that
+        copy stands for the call (an instrumented client's span without token ids, and the span the LLM server
+        recorded for the same response with them: the second can train)."""
+        kept_by_id: dict[str, int] = {}
         out: list[tuple[TraceTree, str]] = []
-        # (node, matching agent or None, under a reward span, under a matched LLM call)
-        stack: list[tuple[TraceTree, str | None, bool, bool]] = [
-            (self, "*" if agent_match is None else None, False, False)]
+        # (node, matching agent or None, under a reward span, index in out of the enclosing kept LLM call)
+        stack: list[tuple[TraceTree, str | None, bool, int | None]] = [
+            (self, "*" if agent_match is None else None, False, None)]
         while stack:
-            node, agent, in_reward, in_llm = stack.pop()
+            node, agent, in_reward, enclosing = stack.pop()
             if agent is not None and not (exclude_in_reward and in_reward) and \
                     node.is_llm_call_name(llm_call_match, genai):
                 response_id = first_str(node.span.attributes, RESPONSE_ID_KEYS)
-                nested_copy = response_id is None and dedupe and in_llm
-                repeated = response_id is not None and response_id in seen_ids
-                if not nested_copy and not repeated:
+                copy_of = kept_by_id.get(response_id) if response_id is not None else \
+                    (enclosing if dedupe else None)
+                if copy_of is None:
                     out.append((node, agent))
                     if response_id is not None:
-                        seen_ids.add(response_id)
-                    in_llm = in_llm or dedupe
+                        kept_by_id[response_id] = len(out) - 1
+                    if dedupe and enclosing is None:
+                        enclosing = len(out) - 1
+                elif prefer is not None and prefer(node.span) and not prefer(out[copy_of][0].span):
+                    out[copy_of] = (node, out[copy_of][1])
             name = node.agent_name()
             if name is not None:
                 agent = name if agent_match is None or re.search(agent_match, name) else None
             in_reward = in_reward or node.is_reward_span()
-            stack.extend((c, agent, in_reward, in_llm) for c in reversed(node.children))
+            stack.extend((c, agent, in_reward, enclosing) for c in reversed(node.children))
         return out
 
     def match_rewards(self, policy: RewardMatchPolicy, llm_calls: Sequence[TraceTree]) -> dict[str, float | None]:

@@ -205,13 +205,19 @@ class TracerTraceToTriplet:
         tree = self.tree(spans)
         reward_spans = sum(1 for n in tree.traverse() if n.reward() is not None)
         calls = tree.find_llm_calls(llm_call_match=self.llm_call_match, agent_match=self.agent_match,
-                                    genai=self.genai_llm_calls, exclude_in_reward=self.exclude_llm_call_in_reward)
+                                    genai=self.genai_llm_calls, exclude_in_reward=self.exclude_llm_call_in_reward,
+                                    prefer=_has_token_ids)
         every = [(node, span_to_triplet(node.span, agent)) for node, agent in calls]
         kept = [(node, t) for node, t in every if t.has_tokens or not self.skip_empty_token_spans]
         rewards = tree.match_rewards(self.reward_match, [node for node, _ in kept])
         triplets = [_with_reward(t, rewards.get(node.id)) for node, t in kept]
         reason = _why_unusable(triplets or [t for _, t in every], len(spans), reward_spans, no_call)
         return AdaptResult(triplets, len(calls), reward_spans, reason)
+
+
+def _has_token_ids(span: TraceSpan) -> bool:
+    a = span.attributes
+    return bool(sa.first_int_list(a, PROMPT_TOKEN_KEYS)) and bool(sa.first_int_list(a, RESPONSE_TOKEN_KEYS))
 
 
 def _with_reward(t: Triplet, reward: float | None) -> Triplet:

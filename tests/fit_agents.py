@@ -18,3 +18,12 @@ def slow_agent(task: dict[str, Any]) -> float:
 
     time.sleep(float(task.get("seconds", 2.0)))
     return 1.0
+
+
+def template_agent(task: dict[str, Any], prompt_template: Any) -> float:
+    """Scores its prompt template, not a model: 1.0 when the prompt holds the answer (the letter ``count``
+    times), 0.5 when it holds the letter, else 0.0. PromptSearch's tests know which template is best."""
+    text = prompt_template.format(letter=task["letter"], count=task["count"])
+    if str(task["letter"]) * int(task["count"]) in text:
+        return 1.0
+    return 0.5 if str(task["letter"]) in text else 0.0

@@ -251,3 +251,73 @@ def test_the_openai_example_agent_runs_with_smollm2(tmp_path: Path) -> None:
     summary = Trainer(algorithm=algorithm, n_runners=1, settings=_settings(tmp_path), quiet=True).fit(
         "tests.fit_agents:copy_agent", TASKS[:2], VAL_TASKS[:1])
     assert summary.failed == 0 and 0 in summary.val_reward_by_version
+
+
+def _last_prompt_template(settings: Settings) -> str | None:
+    """The prompt template of the newest publication on the resources topic (by creation time: the topic has
+    several partitions, so arrival order is not publication order)."""
+    from litstream.schemas.codec import default_codec
+    from litstream.schemas.models import PromptTemplate
+    from litstream.streams.views import ResourcesView
+
+    view = ResourcesView(settings, default_codec(settings.schema_registry_url))
+    try:
+        assert view.caught_up(60.0)
+        updates = sorted(view.state.by_id.values(), key=lambda u: u.create_time)
+    finally:
+        view.close()
+    templates = [r for r in updates[-1].resources.values() if isinstance(r, PromptTemplate)] if updates else []
+    return templates[0].template if templates else None
+
+
+@pytest.mark.timeout(600)
+def test_prompt_search_keeps_the_template_with_the_best_validation_reward_and_publishes_it_last(
+        tmp_path: Path) -> None:
+    from litstream.trainer.algorithm import PromptSearch, RolloutResult
+
+    asked: list[tuple[str, float, int]] = []
+
+    def critic(template: str, score: float, results: Sequence[RolloutResult]) -> str:
+        asked.append((template, score, len(results)))
+        if len(asked) > 1:
+            raise ConnectionError("the critic's endpoint went away")  # the search still ends on what it has
+        return template + "{letter}"  # the answer for counts up to 2
+
+    last: list[str | None] = []
+    algorithm = PromptSearch(["PLEASE ANSWER.", "LETTER {letter}"], critic=critic, rounds=2)
+    summary = Trainer(algorithm=algorithm, n_runners=1, settings=_settings(tmp_path), quiet=True,
+                      on_finish=lambda s: last.append(_last_prompt_template(s))).fit(
+        "tests.fit_agents:template_agent", TASKS, VAL_TASKS)
+    assert algorithm.scores == {"PLEASE ANSWER.": 0.0, "LETTER {letter}": 0.5, "LETTER {letter}{letter}": 1.0}
+    # the critic saw the best template so far and its rollouts; its failure in round 2 is reported
+    assert asked == [("LETTER {letter}", 0.5, len(VAL_TASKS)), ("LETTER {letter}{letter}", 1.0, len(VAL_TASKS))]
+    assert algorithm.report()["critic_errors"] == ["ConnectionError: the critic's endpoint went away"]
+    assert algorithm.best == "LETTER {letter}{letter}" and last == [algorithm.best]
+    assert summary.val_reward_by_version == {0: 0.0, 1: 0.5, 2: 1.0}
+    assert summary.train_reward_by_version == {3: 1.0}  # the training set ran with the best template
+    assert summary.rollouts == 3 * len(VAL_TASKS) + len(TASKS) and summary.failed == 0
+
+
+@pytest.mark.timeout(600)
+def test_litstream_train_runs_prompt_search_with_the_policy_endpoint_as_its_critic(tmp_path: Path) -> None:
+    """`litstream train --algorithm prompt-search --critic-url policy`: the run's own policy server, over the
+    OpenAI API (openai_critic), proposes a third template; whatever it wrote, it is scored like the others."""
+    val = tmp_path / "val.jsonl"
+    val.write_text("".join(json.dumps(t) + "\n" for t in VAL_TASKS))
+    env = {**os.environ, "LITSTREAM_DATA_DIR": str(tmp_path / "data"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "litstream.app.cli", "train", "--agent", "tests.fit_agents:template_agent",
+           "--train", "examples/data/copy_val.jsonl", "--val", str(val), "--algorithm", "prompt-search",
+           "--template", "PLEASE ANSWER.", "--template", "LETTER {letter}", "--critic-url", "policy",
+           "--critic-max-tokens", "48", "--runners", "1", "--concurrency", "4", "--json"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    scores = out["template_scores"]
+    assert out["algorithm"] == "prompt-search"
+    assert scores["PLEASE ANSWER."] == 0.0 and scores["LETTER {letter}"] == 0.5
+    [proposal] = out["proposals"]  # one round, and the critic answered
+    assert out["critic_errors"] == []
+    tried = proposal not in ("", "PLEASE ANSWER.", "LETTER {letter}")  # whatever the tiny policy wrote
+    assert len(scores) == (3 if tried else 2) and (not tried or proposal in scores)
+    assert out["best_template"] == max(scores, key=lambda t: scores[t])
+    assert out["rollouts"] == len(scores) * len(VAL_TASKS) + len(load_dataset(Path("examples/data/copy_val.jsonl")))

@@ -107,6 +107,26 @@ def test_duplicate_response_ids_and_nested_copies_give_one_triplet() -> None:
     assert TracerTraceToTriplet().adapt([*spans, spans[1]]).triplets == result.triplets  # same span twice
 
 
+def test_of_two_copies_of_a_call_the_one_with_token_ids_stands_for_it() -> None:
+    """An instrumented client (AgentOps in Agent Lightning's runner) records the call without token ids; the
+    policy server records the same response with them. The copy that can train is kept, in the call's place."""
+    client = sp("client", "root", LLM, 10, 40, **{"gen_ai.response.id": "resp-1"})
+    spans = [
+        sp("root", None, "agent", 0, 100),
+        client,
+        llm("server", "client", 12, 38, **{"gen_ai.response.id": "resp-1", "response_logprobs": [-0.1, -0.2]}),
+        sp("client-2", "root", LLM, 50, 60),
+        llm("server-2", "client-2", 51, 59),  # nested, no response id
+        reward("r", "root", 70, 1.0),
+    ]
+    result = TracerTraceToTriplet().adapt(spans)
+    assert [t.span_id for t in result.triplets] == ["server", "server-2"]
+    assert result.usable[1].reward == 1.0 and result.triplets[0].response_logprobs == [-0.1, -0.2]
+    # with token ids in both, the first copy is kept, as before
+    assert [t.span_id for t in TracerTraceToTriplet().adapt([spans[0], llm("client", "root", 10, 40, **{
+        "gen_ai.response.id": "resp-1"}), *spans[2:3]]).triplets] == ["client"]
+
+
 def test_calls_under_a_reward_span_are_not_llm_calls() -> None:
     spans = [
         sp("root", None, "agent", 0, 100),

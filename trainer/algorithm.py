@@ -151,6 +151,10 @@ class Algorithm(abc.ABC):
     def prepare(self, driver: Driver) -> None:
         """Start what the algorithm needs before the runners start (default: nothing)."""
 
+    def report(self) -> dict[str, Any]:
+        """What the algorithm found, beyond the rewards (JSON-able; added to the fit summary)."""
+        return {}
+
     def validate(self, driver: Driver, val: Sequence[Any], policy: Policy | None) -> float | None:
         results = run_all(driver, val, VAL, resources_id=policy.resources_id if policy else None)
         for r in results:
@@ -309,61 +313,95 @@ def wait_for_policy(driver: Driver, ok: Callable[[Policy], bool], timeout: float
 
 
 Critic = Callable[[str, float, Sequence[RolloutResult]], str]
+POLICY_ENDPOINT = "policy"  # as a critic: the policy endpoint of the running stack, asked over the OpenAI API
 
 
 class PromptSearch(Algorithm):
     """Publishes prompt templates instead of weights (the reference's APO, simplified): every candidate is
     published with the current LLM and scored by its validation reward; a ``critic`` (e.g. :func:`openai_critic`
     over any OpenAI-compatible endpoint, the policy endpoint included) proposes a new candidate from the best one
-    for ``rounds`` rounds; the best template is published last and run on the training set."""
+    for ``rounds`` rounds; the best template is published last and run on the training set.
+
+    ``critic`` is a callable, an OpenAI-compatible base URL, or ``"policy"``: the stack's own policy endpoint
+    (found when the search starts), asked for ``critic_model``."""
 
     name = "prompt-search"
 
-    def __init__(self, candidates: Sequence[str], critic: Critic | None = None, rounds: int = 1) -> None:
+    def __init__(self, candidates: Sequence[str], critic: Critic | str | None = None, rounds: int = 1,
+                 critic_model: str = "tiny-policy", critic_max_tokens: int = 256) -> None:
         super().__init__()
         if not candidates:
             raise ValueError("PromptSearch needs at least one candidate template")
         self.candidates = list(candidates)
-        self.critic = critic
+        self.critic_spec = critic
+        self.critic_model, self.critic_max_tokens = critic_model, critic_max_tokens
+        self.critic: Critic | None = self._openai_critic(critic) \
+            if isinstance(critic, str) and critic != POLICY_ENDPOINT else critic if callable(critic) else None
+        self.critic_errors: list[str] = []
+        self.proposals: list[str] = []  # what the critic proposed, tried unless empty or already scored
         self.rounds = rounds
         self.scores: dict[str, float] = {}
+        self.results: dict[str, list[RolloutResult]] = {}  # each template's validation rollouts, for the critic
         self.best: str | None = None
 
     def run(self, driver: Driver, train: Sequence[Any], val: Sequence[Any] | None) -> None:
+        if self.critic_spec == POLICY_ENDPOINT:
+            self.critic = self._policy_critic(driver)
         scored = val or train
         base = driver.latest_policy()
         llm = driver.resources(base.resources_id) if base else {}
-        for k, template in enumerate(self._candidates(driver, llm, scored)):
+        for k, template in enumerate(self._candidates(driver)):
             if driver.stopping():
                 return
             rid = driver.publish({**llm, "prompt_template": PromptTemplate(template=template)})
             results = run_all(driver, scored, VAL, resources_id=rid)
             for r in results:
                 self.history.add(r, k)
-            self.scores[template] = mean_reward(results) or 0.0
+            self.scores[template], self.results[template] = mean_reward(results) or 0.0, results
             driver.show(f"template {k}: validation reward {self.scores[template]:.3f}: {template!r}")
         self.best = max(self.scores, key=lambda t: self.scores[t])
         rid = driver.publish({**llm, "prompt_template": PromptTemplate(template=self.best)})
         for r in run_all(driver, train, TRAIN, resources_id=rid):
             self.history.add(r, len(self.scores))
 
-    def _candidates(self, driver: Driver, llm: NamedResources, scored: Sequence[Any]) -> Any:
+    def report(self) -> dict[str, Any]:
+        return {"best_template": self.best, "template_scores": dict(self.scores),
+                "proposals": list(self.proposals), "critic_errors": list(self.critic_errors)}
+
+    def _policy_critic(self, driver: Driver) -> Critic:
+        url = driver.service_info("policy-server").get("url")  # its health report names its bound URL
+        if not url:
+            raise RuntimeError("critic 'policy': no policy endpoint runs here (Trainer(serve_policy=False), or a "
+                               "joined stack: give its URL)")
+        return self._openai_critic(str(url))
+
+    def _openai_critic(self, base_url: str) -> Critic:
+        return openai_critic(base_url, self.critic_model, max_tokens=self.critic_max_tokens)
+
+    def _candidates(self, driver: Driver) -> Any:
         yield from self.candidates
         for _ in range(self.rounds if self.critic else 0):
             best = max(self.scores, key=lambda t: self.scores[t])
-            proposal = self.critic(best, self.scores[best], []) if self.critic else best
+            try:
+                proposal = self.critic(best, self.scores[best], self.results[best]) if self.critic else best
+            except Exception as exc:  # noqa: BLE001 (any client's error) the candidates scored so far still count
+                self.critic_errors.append(f"{type(exc).__name__}: {exc}")
+                driver.show(f"the critic failed, no proposal this round: {self.critic_errors[-1]}")
+                continue
+            self.proposals.append(proposal)
             if proposal and proposal not in self.scores:
                 yield proposal
 
 
-def openai_critic(base_url: str, model: str, api_key: str = "unused") -> Critic:
-    """A critic asking any OpenAI-compatible endpoint to improve the best template so far."""
+def openai_critic(base_url: str, model: str, api_key: str = "unused", max_tokens: int = 256) -> Critic:
+    """A critic asking any OpenAI-compatible endpoint to improve the best template so far (in at most
+    ``max_tokens``: the prompt and the answer must fit the model's context)."""
 
     def propose(template: str, score: float, _results: Sequence[RolloutResult]) -> str:
         import openai
 
         client = openai.OpenAI(base_url=base_url, api_key=api_key)
-        answer = client.chat.completions.create(model=model, max_tokens=256, messages=[{
+        answer = client.chat.completions.create(model=model, max_tokens=max_tokens, messages=[{
             "role": "user", "content": f"This prompt template scored {score:.3f} (0-1) on its tasks. Write an "
                                        f"improved template, keeping its {{placeholders}}. Template:\n{template}"}])
         return (answer.choices[0].message.content or "").strip()
