@@ -17,7 +17,6 @@ from litstream.schemas.models import LLM
 from litstream.trainer.engines import Generation, InferenceEngine, TorchEngine, VllmEngine
 from litstream.trainer.tokenizer import Tokenizer, load_tokenizer
 
-
 MAX_COMBINED = 64  # prompts sampled together at most, when concurrent agent slots call at once
 
 
