@@ -134,12 +134,13 @@ class Codec:
         self.registry = registry
         # Overrides let a codec read or write another version of a record (schema evolution, tests).
         self._readers = {**self.store.readers, **{k: fastavro.parse_schema(v) for k, v in (readers or {}).items()}}
+        # Per record name: the writer schema and the single-object header (magic + its fingerprint).
         self._writers: dict[str, tuple[Any, bytes]] = {}
         for name, parsed in self.store.readers.items():
-            self._writers[name] = (parsed, self.store.reader_fp[name])
+            self._writers[name] = (parsed, SINGLE_OBJECT_MAGIC + self.store.reader_fp[name])
         for name, schema in (writers or {}).items():
             fp = self.store.register(schema)
-            self._writers[name] = (self.store.writer(fp), fp)
+            self._writers[name] = (self.store.writer(fp), SINGLE_OBJECT_MAGIC + fp)
 
     # -- encoding --
     def encode(self, record: AvroModel) -> bytes:
@@ -149,13 +150,13 @@ class Codec:
         """Encode an Avro record of type ``name`` that was built directly, without a model: for producers whose
         input is already typed (the OTel exporter's spans). The builder owns the checks a model would make;
         fastavro's writer still refuses a value its schema type cannot hold."""
-        schema, fp = self._writers[name]
+        schema, header = self._writers[name]
         buf = io.BytesIO()
         if self.registry is not None:
             schema_id = self.registry.register(name, to_parsing_canonical_form(schema))
             buf.write(struct.pack(">bI", CONFLUENT_MAGIC, schema_id))
         else:
-            buf.write(SINGLE_OBJECT_MAGIC + fp)
+            buf.write(header)
         fastavro.schemaless_writer(buf, schema, record)
         return buf.getvalue()
 
