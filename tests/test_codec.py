@@ -5,10 +5,12 @@ from __future__ import annotations
 import copy
 import io
 import json
+from typing import Any
 
 import fastavro
 import pytest
 from fastavro.schema import load_schema
+from pydantic import BaseModel
 
 from litstream.schemas.codec import AVRO_DIR, Codec, DecodeError, SchemaStore, fingerprint, rabin_fingerprint
 from litstream.schemas.events import BY_NAME, AvroModel, RolloutEnqueued
@@ -141,6 +143,30 @@ def test_to_record_is_the_avro_record(record: AvroModel) -> None:
     assert fastavro.validation.validate(rec, Codec().store.readers[type(record).avro_name])  # type: ignore[attr-defined]
     for name in record.json_fields:
         assert rec[f"{name}_json"] == json.dumps(getattr(record, name), separators=(",", ":"), ensure_ascii=False)
+
+
+def _dumped_record(model: BaseModel) -> dict[str, Any]:
+    """The Avro record by way of pydantic's model_dump: nested models as dicts, JSON fields as strings."""
+    data = model.model_dump()
+
+    def fix(m: BaseModel, d: dict[str, Any]) -> None:
+        for name in getattr(m, "json_fields", ()):
+            d[f"{name}_json"] = json.dumps(d.pop(name), separators=(",", ":"), ensure_ascii=False)
+        for name in type(m).model_fields:
+            value = getattr(m, name)
+            items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+            for key, item in ([(None, value)] if isinstance(value, BaseModel) else items):
+                if isinstance(item, BaseModel):
+                    fix(item, d[name] if key is None else d[name][key])
+
+    fix(model, data)
+    return data
+
+
+@pytest.mark.parametrize("record", all_records(), ids=lambda r: type(r).__name__)
+def test_to_record_reads_the_fields_as_model_dump_would(record: AvroModel) -> None:
+    """to_record reads the model's fields directly (not through model_dump): the very same record."""
+    assert record.to_record() == _dumped_record(record)
 
 
 def test_a_json_field_that_is_not_json_is_a_decode_error() -> None:
