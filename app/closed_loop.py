@@ -36,17 +36,22 @@ AGENT = "litstream.workers.policy_agent:toy_policy_agent"
 @dataclass
 class LoopDemoConfig:
     model: str = "tiny"  # tiny | smollm2
-    steps: int = 60  # policy versions to train
+    steps: int = 150  # policy versions to train (the time budget ends the default run first)
     minutes: float = 5.0  # time budget for training
-    runners: int = 2
-    concurrency: int = 8  # agent slots per runner
+    # One runner process with many slots: its policy engine samples concurrent calls as one batch, and on
+    # 2 cores a second process only adds a second copy of the model competing for them.
+    runners: int = 1
+    concurrency: int = 64  # agent slots per runner
     group_size: int = 8
     groups_per_step: int = 16
     in_flight: int | None = None  # rollouts enqueued and not yet finished; None: two training windows' worth
-    max_staleness: int = 3
+    max_staleness: int = 2
     lr: float = 1e-3
     epochs: int = 4
     entropy_coef: float = 0.03
+    # One window of rollouts per published version, pinned to it: each sample is trained exactly one version
+    # after the one that made it (measured: samples two versions old learned several times slower).
+    waves: bool = True
     seed: int = 0
     plot: Path | None = None  # reward-curve PNG (default <run dir>/reward_curve.png)
 
@@ -87,7 +92,8 @@ def run_closed_loop(settings: Settings, cfg: LoopDemoConfig, quiet: bool = False
     algorithm = GRPO(model=cfg.model, group_size=cfg.group_size, groups_per_step=cfg.groups_per_step,
                      max_staleness=cfg.max_staleness, lr=cfg.lr, ppo_epochs=cfg.epochs,
                      entropy_coef=cfg.entropy_coef, in_flight=cfg.in_flight, seed=cfg.seed, window_seconds=None,
-                     max_versions=cfg.steps, minutes=cfg.minutes, val_every=0, pin_versions=False)
+                     max_versions=cfg.steps, minutes=cfg.minutes, val_every=0, pin_versions=True,
+                     waves=cfg.waves)
     outcome: dict[str, Any] = {}
     trainer = Trainer(algorithm=algorithm, n_runners=cfg.runners, concurrency=cfg.concurrency, model=cfg.model,
                       settings=settings, quiet=quiet, serve_policy=False, run_name="demo",
@@ -147,6 +153,22 @@ def _trainer_steps(data_dir: Path) -> list[dict[str, Any]]:
     return read_metrics(data_dir)
 
 
+TARGET_REWARD = 0.8  # the demo's goal: this mean reward within its 5 minutes
+
+
+def _first_version_at(by_version: dict[int, float], level: float) -> int | None:
+    return next((v for v, r in by_version.items() if r >= level), None)
+
+
+def _minutes_to_version(steps: list[dict[str, Any]], version: int) -> float | None:
+    """Minutes from the trainer's start (its first wait began) to the publication of ``version``."""
+    if not steps or version == 0:
+        return None
+    start = steps[0]["time"] - steps[0].get("wait_s", 0.0)
+    done = next((s["time"] for s in steps if s["version"] == version), None)
+    return (done - start) / 60 if done is not None else None
+
+
 def _plot(by_version: dict[int, float], counts: dict[int, int], steps: list[dict[str, Any]],
           path: Path) -> str | None:
     if not by_version:
@@ -166,7 +188,12 @@ def _plot(by_version: dict[int, float], counts: dict[int, int], steps: list[dict
     ax.set_ylabel("reward")
     top = max([*by_version.values(), *(s["reward_mean"] for s in steps)], default=1.0)
     ax.set_ylim(0, min(1.05, max(0.1, top * 1.25)))
-    ax.set_title(f"GRPO closed loop: {sum(counts.values())} rollouts")
+    ax.axhline(TARGET_REWARD, color="grey", linewidth=0.8, linestyle=":")
+    reached = _first_version_at(by_version, TARGET_REWARD)
+    when = _minutes_to_version(steps, reached) if reached is not None else None
+    goal = (f"; {TARGET_REWARD} reached at v{reached}" + (f", {when:.1f} min into training" if when else "")
+            if reached is not None else "")
+    ax.set_title(f"GRPO closed loop: {sum(counts.values()):,} rollouts{goal}")
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left")
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -54,6 +54,9 @@ def test_the_closed_loop_publishes_versions_that_reach_spans_and_triplets(tmp_pa
     assert summary["by_status"] == {"succeeded": summary["rollouts"]}
     assert summary["spans_in_clickhouse"] == summary["spans_emitted"] > 0
     assert summary["triplets"] > 0 and Path(tmp_path / summary["reward_curve"]).exists()
+    # One window per published version: every sample trains at most one version after the one that made it.
+    steps = [json.loads(line) for line in (tmp_path / summary["data_dir"] / "trainer-metrics.jsonl").open()]
+    assert len(steps) == 3 and all(s["version_lag"] <= 1.0 for s in steps)
 
 
 def test_the_quick_slice_runs_without_training(tmp_path: Path) -> None:

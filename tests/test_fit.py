@@ -289,9 +289,9 @@ def test_the_openai_example_agent_learns_with_validation(tmp_path: Path) -> None
     """examples/copy_agent.py through Trainer.fit: validation reward rises clearly (2 CPU cores, ~10 min)."""
     from examples.copy_agent import make_dataset
 
-    algorithm = GRPO(group_size=8, groups_per_step=8, passes=8, val_every=5, lr=1e-3, ppo_epochs=4,
-                     entropy_coef=0.03, max_staleness=3, minutes=9.0)
-    summary = Trainer(algorithm=algorithm, n_runners=2, concurrency=8, settings=_settings(tmp_path),
+    algorithm = GRPO(group_size=8, groups_per_step=16, passes=40, val_every=10, lr=1e-3, ppo_epochs=4,
+                     entropy_coef=0.03, max_staleness=2, minutes=9.0)
+    summary = Trainer(algorithm=algorithm, n_runners=1, concurrency=64, settings=_settings(tmp_path),
                       quiet=True).fit("tests.fit_agents:copy_agent", make_dataset(64, 0), make_dataset(16, 1))
     val = summary.val_reward_by_version
     assert len(val) >= 2 and val[max(val)] > val[0] + 0.2, val

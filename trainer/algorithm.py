@@ -206,6 +206,11 @@ class GRPO(Algorithm):
     # True: a training rollout names the policy served when it was submitted; False: it runs on the newest one
     # when a runner claims it (fresher, but an agent may see a publication before the policy server fronts it)
     pin_versions: bool = True
+    # True: submit one training window of groups (pinned to the version) each time a new policy version is
+    # published, two windows ahead at the start: every sample is trained one version after the one that made it
+    # (one-step off-policy). A free-running queue instead lets samples age by two or more versions, which the
+    # toy task measured as far slower learning (docs/training.md).
+    waves: bool = True
     seed: int = 0
     name: str = "grpo"
     trains_policy = True
@@ -236,6 +241,7 @@ class GRPO(Algorithm):
         pending_val: dict[str, int] = {}
         deadline = time.monotonic() + self.minutes * 60 if self.minutes else None
         settle: float | None = None
+        waves_sent = policy.version  # waves start from the version the run begins with
         while (queue or driver.outstanding()) and not driver.stopping():
             policy = driver.latest_policy() or policy
             if queue and self._budget_spent(driver, deadline):
@@ -248,18 +254,30 @@ class GRPO(Algorithm):
                 ids = driver.submit(val, mode=VAL, resources_id=policy.resources_id, metadata=_val_metadata(val))
                 pending_val.update(dict.fromkeys(ids, policy.version))
                 next_val = (policy.version // self.val_every + 1) * self.val_every
-            while queue and driver.outstanding() + self.group_size <= max(in_flight, self.group_size):
-                p, i, task = queue.pop(0)
-                meta = {"group_id": f"{self.tag}-p{p}-d{i}", "data_id": str(i), "pass": p}
-                driver.submit([task] * self.group_size, mode=TRAIN,
-                              resources_id=policy.resources_id if self.pin_versions else None,
-                              metadata=[meta] * self.group_size)
+            if self.waves:
+                # One window per version, two ahead; and another whenever nothing is outstanding, so failed
+                # rollouts (a window that can never fill) do not stall the run.
+                while queue and (waves_sent < policy.version + 2 or not driver.outstanding()):
+                    self._submit_groups(driver, queue, self.groups_per_step, policy.resources_id)
+                    waves_sent += 1
+            while not self.waves and queue and driver.outstanding() + self.group_size <= max(in_flight,
+                                                                                            self.group_size):
+                self._submit_groups(driver, queue, 1, policy.resources_id if self.pin_versions else None)
             for r in driver.poll():
                 self.history.add(r, pending_val.pop(r.rollout_id, None))
             driver.show(self._progress(policy, len(queue)))
         if driver.outstanding():
             self.history.statuses["unfinished"] = driver.outstanding()
         self._finish(driver, val)
+
+    def _submit_groups(self, driver: Driver, queue: list[tuple[int, int, Any]], groups: int,
+                       resources_id: str | None) -> None:
+        """``groups`` tasks from the queue, ``group_size`` rollouts each, grouped by the task's data id."""
+        for _ in range(min(groups, len(queue))):
+            p, i, task = queue.pop(0)
+            meta = {"group_id": f"{self.tag}-p{p}-d{i}", "data_id": str(i), "pass": p}
+            driver.submit([task] * self.group_size, mode=TRAIN, resources_id=resources_id,
+                          metadata=[meta] * self.group_size)
 
     def _budget_spent(self, driver: Driver, deadline: float | None) -> bool:
         trained = int(driver.service_info("trainer").get("version", 0))
