@@ -372,6 +372,9 @@ class Trainer:
             driver = StackDriver(self.settings, None, self.console, self.rollout_config)
             self._driver = driver
             try:
+                # what the stack published before (its policy) is known before the algorithm asks for it
+                if not driver.resources_view.caught_up(60.0):
+                    raise TimeoutError(f"could not read the resources topic of {self.settings.bootstrap_servers}")
                 yield driver
             finally:
                 driver.close()

@@ -28,6 +28,7 @@ class EventProducer:
         self._errors: list[str] = []
         self._producer = producer(settings, **producer_overrides)
         self._unpolled = 0  # records produced since the last poll (a race between threads only shifts a poll)
+        self._closed = False
 
     @property
     def producer_id(self) -> str:
@@ -80,4 +81,13 @@ class EventProducer:
             raise RuntimeError(f"{len(errors)} events were not delivered: {errors[:3]}")
 
     def close(self) -> None:
+        """Deliver what is queued, then let the producer go: its connections close now, not when the object is
+        collected (a producer kept alive past its broker retries it forever; the broker waits for it to stop).
+        Closing twice is harmless."""
+        if self._closed:
+            return
         self.flush()
+        self._closed = True
+        close = getattr(self._producer, "close", None)  # confluent-kafka >= 2.13
+        if close is not None:
+            close()

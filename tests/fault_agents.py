@@ -31,12 +31,12 @@ def llm_call_agent(task: Any, ctx: AttemptContext) -> float:
 
 
 def llm_call_or_stall_first(task: Any, rollout: AttemptedRollout, ctx: AttemptContext) -> float:
-    """Tasks with ``stall`` hang 30 s in their first attempt (in flight when the stack stops; not longer, as a
-    stopping runner's process waits for its agents' threads); a retry, and every other task, makes one LLM call
-    with token ids (one triplet) and succeeds."""
+    """Tasks with ``stall`` hang 10 s in their first attempt (in flight when the stack stops, which the test does
+    as soon as it sees them running; not longer, as a stopping runner's process waits for its agents' threads); a
+    retry, and every other task, makes one LLM call with token ids (one triplet) and succeeds."""
     with ctx.span("agent.rollout", {"attempt.sequence": rollout.attempt.sequence_id}):
         if isinstance(task, dict) and task.get("stall") and rollout.attempt.sequence_id == 1:
-            time.sleep(30)
+            time.sleep(10)
         with ctx.span("chat toy", dict(LLM_CALL)):
             pass
     return 1.0

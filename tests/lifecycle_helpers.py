@@ -63,3 +63,4 @@ class Driver:
 
     def close(self) -> None:
         self.view.close()
+        self.events.close()  # its connections go now, not whenever the object is collected

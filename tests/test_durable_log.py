@@ -218,9 +218,10 @@ def stack(tmp_path: Path) -> Iterator[UpProcess]:
         up.kill_all() if up.up is not None and up.up.poll() is None else up.terminate()
 
 
-@pytest.mark.parametrize("stop", ["sigterm", pytest.param("sigkill", marks=pytest.mark.xfail(
+# sigkill is an expected failure (xfail) that costs ~45 s: opt-in (LITSTREAM_SLOW=1) rather than run every time.
+@pytest.mark.parametrize("stop", ["sigterm", pytest.param("sigkill", marks=[pytest.mark.slow, pytest.mark.xfail(
     strict=False, reason="noida-db 0.2.2 snapshots its log about a second after changes: a SIGKILL can lose the last "
-    "second of acknowledged records (docs/durable-log.md); it failed in two of three full-suite runs"))])
+    "second of acknowledged records (docs/durable-log.md); it failed in two of three full-suite runs")])])
 def test_a_stack_stopped_mid_run_comes_back_with_everything(stack: UpProcess, stop: str) -> None:
     settings = stack.start()
     done, stalled = _run_until_in_flight(settings)

@@ -1,5 +1,8 @@
 """Trainer.fit / dev over the embedded stack: the rollouts it makes, validation, Baseline, a user algorithm,
-bad input. Each test brings up its own stack (broker, pipeline, policy server, runners) with tiny settings."""
+bad input. Tests of the embedded path (GRPO with its trainer, Ctrl-C and resume, a killed runner) bring up their
+own stack (broker, pipeline, policy server, runners) with tiny settings; tests that only need a running pipeline
+share one (`joined`): the driver joins it (``join=True``) and each test runs its own runner, with its own agent,
+on its own rollouts."""
 
 from __future__ import annotations
 
@@ -9,15 +12,21 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from litstream.app.trainer import Trainer, agent_path, load_dataset
+from litstream.app.stack import Stack
+from litstream.app.trainer import StackDriver, Trainer, agent_path, load_dataset
+from litstream.infra.broker import EmbeddedBroker
+from litstream.infra.kafka import create_topics
 from litstream.infra.settings import Settings
-from litstream.trainer.algorithm import GRPO, VAL, Algorithm, Baseline, Driver, run_all
+from litstream.schemas.models import LLM
+from litstream.schemas.policy import POLICY_RESOURCE, policy_resources_id
+from litstream.trainer.algorithm import GRPO, VAL, Algorithm, Baseline, Driver, run_all, wait_for_policy
 
 TASKS = [{"letter": "a", "count": 1}, {"letter": "b", "count": 2}, {"letter": "c", "count": 1}]
 VAL_TASKS = [{"letter": "d", "count": 2}, {"letter": "a", "count": 2}]
@@ -25,6 +34,51 @@ VAL_TASKS = [{"letter": "d", "count": 2}, {"letter": "a", "count": 2}]
 
 def _settings(tmp_path: Path) -> Settings:
     return Settings(data_dir=tmp_path / "data", partitions=2)
+
+
+@pytest.fixture(scope="module")
+def shared_stack(broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """What ``Trainer.fit`` starts when nothing trains (lifecycle processor, span sink, the policy server fronting
+    version 0 of the tiny policy), once for the tests of this module that only need it running."""
+    from rich.console import Console
+
+    root = tmp_path_factory.mktemp("fit-stack")
+    settings = Settings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}", partitions=2,
+                        data_dir=root / "data", clickhouse_dsn=f"chdb://{root / 'chdb'}")
+    create_topics(settings)
+    with Stack(settings) as stack:
+        stack.start("lifecycle", "process", "lifecycle")
+        stack.start("span-sink", "process", "span-sink")
+        stack.start("policy-server", "policy-server", "--port", "0", "--publish", "--model", "tiny")
+        stack.wait_ready("lifecycle", "lifecycle")
+        stack.wait_ready("span-sink", "span-sink", key="inserted")
+        stack.wait_ready("policy-server", "policy-server", key="url", timeout=600)
+        driver = StackDriver(settings, None, Console(quiet=True))
+        try:
+            driver.serving_through_proxy = True  # ready once the server fronts version 0
+            driver.publish({POLICY_RESOURCE: LLM(endpoint="tiny://initial", model="tiny-policy", version=0)},
+                           policy_resources_id(0))
+            wait_for_policy(driver, lambda p: True, 120.0)
+        finally:
+            driver.close()
+        yield stack
+
+
+@pytest.fixture
+def joined(shared_stack: Stack) -> Iterator[Callable[..., Trainer]]:
+    """``joined(agent, **trainer_args)``: a Trainer joining the shared stack, where one runner of ``agent`` runs
+    for this test only (stopped after it: the next test's rollouts go to its own runner)."""
+    started: list[str] = []
+
+    def trainer(agent: str, **kwargs: Any) -> Trainer:
+        name = f"runner-{uuid.uuid4().hex[:6]}"
+        shared_stack.start(name, "runner", "--agent", agent, "--concurrency", str(kwargs.get("concurrency", 4)))
+        started.append(name)
+        return Trainer(settings=shared_stack.settings, join=True, quiet=True, **kwargs)
+
+    yield trainer
+    for name in started:
+        shared_stack.children.pop(name).proc.stop()
 
 
 @pytest.mark.timeout(900)
@@ -42,9 +96,8 @@ def test_fit_makes_n_times_group_size_training_rollouts_and_validates_each_versi
     assert summary.rollouts == len(TASKS) * 2 + len(VAL_TASKS) * len(summary.val_reward_by_version)
 
 
-def test_dev_runs_each_task_once_with_baseline(tmp_path: Path) -> None:
-    summary = Trainer(n_runners=1, settings=_settings(tmp_path), quiet=True).dev("tests.fit_agents:copy_agent",
-                                                                                 TASKS)
+def test_dev_runs_each_task_once_with_baseline(joined: Callable[..., Trainer]) -> None:
+    summary = joined("tests.fit_agents:copy_agent").dev("tests.fit_agents:copy_agent", TASKS)
     assert summary.algorithm == "baseline"
     assert summary.rollouts == len(TASKS) and summary.failed == 0
     assert list(summary.train_reward_by_version) == [0]
@@ -71,18 +124,18 @@ class BestOfTwoTemperatures(Algorithm):
         self.best = max(scores, key=lambda t: scores[t])
 
 
-def test_a_user_written_algorithm_needs_only_the_driver(tmp_path: Path) -> None:
+def test_a_user_written_algorithm_needs_only_the_driver(joined: Callable[..., Trainer]) -> None:
     algorithm = BestOfTwoTemperatures()
-    summary = Trainer(algorithm=algorithm, n_runners=1, settings=_settings(tmp_path), quiet=True).fit(
+    summary = joined("tests.fit_agents:copy_agent", algorithm=algorithm).fit(
         "tests.fit_agents:copy_agent", TASKS, VAL_TASKS)
     assert summary.rollouts == 2 * len(VAL_TASKS) and summary.failed == 0
     assert sorted(summary.val_reward_by_version) == [0, 1]
     assert algorithm.best in (1.0, 0.5)
 
 
-def test_an_agent_that_raises_fails_its_rollouts_and_loses_nothing(tmp_path: Path) -> None:
+def test_an_agent_that_raises_fails_its_rollouts_and_loses_nothing(joined: Callable[..., Trainer]) -> None:
     tasks = [{"letter": "a", "count": 1}, {"explode": True}, {"letter": "b", "count": 1}]
-    summary = Trainer(algorithm=Baseline(), n_runners=1, settings=_settings(tmp_path), quiet=True).fit(
+    summary = joined("tests.fit_agents:raising_agent", algorithm=Baseline()).fit(
         "tests.fit_agents:raising_agent", tasks)
     assert summary.rollouts == len(tasks)  # every task accounted for
     assert summary.failed == 1 and summary.by_status.get("succeeded") == 2
@@ -272,7 +325,7 @@ def _last_prompt_template(settings: Settings) -> str | None:
 
 @pytest.mark.timeout(600)
 def test_prompt_search_keeps_the_template_with_the_best_validation_reward_and_publishes_it_last(
-        tmp_path: Path) -> None:
+        joined: Callable[..., Trainer]) -> None:
     from litstream.trainer.algorithm import PromptSearch, RolloutResult
 
     asked: list[tuple[str, float, int]] = []
@@ -285,8 +338,8 @@ def test_prompt_search_keeps_the_template_with_the_best_validation_reward_and_pu
 
     last: list[str | None] = []
     algorithm = PromptSearch(["PLEASE ANSWER.", "LETTER {letter}"], critic=critic, rounds=2)
-    summary = Trainer(algorithm=algorithm, n_runners=1, settings=_settings(tmp_path), quiet=True,
-                      on_finish=lambda s: last.append(_last_prompt_template(s))).fit(
+    summary = joined("tests.fit_agents:template_agent", algorithm=algorithm,
+                     on_finish=lambda s: last.append(_last_prompt_template(s))).fit(
         "tests.fit_agents:template_agent", TASKS, VAL_TASKS)
     assert algorithm.scores == {"PLEASE ANSWER.": 0.0, "LETTER {letter}": 0.5, "LETTER {letter}{letter}": 1.0}
     # the critic saw the best template so far and its rollouts; its failure in round 2 is reported

@@ -211,6 +211,7 @@ class GRPO(Algorithm):
     # (one-step off-policy). A free-running queue instead lets samples age by two or more versions, which the
     # toy task measured as far slower learning (docs/training.md).
     waves: bool = True
+    stall_seconds: float = 15.0  # waves: how long nothing outstanding and no new version counts as a stall
     seed: int = 0
     name: str = "grpo"
     trains_policy = True
@@ -219,6 +220,7 @@ class GRPO(Algorithm):
     def __post_init__(self) -> None:
         super().__init__()
         self.tag = uuid.uuid4().hex[:8]  # group ids of this run, distinct from any earlier run on the same topic
+        self._idle_since: float | None = None  # waves: since when nothing was outstanding without a new version
 
     def trainer_args(self) -> list[str]:
         return ["process", "trainer", "--policy", self.model, "--group-size", str(self.group_size),
@@ -255,11 +257,7 @@ class GRPO(Algorithm):
                 pending_val.update(dict.fromkeys(ids, policy.version))
                 next_val = (policy.version // self.val_every + 1) * self.val_every
             if self.waves:
-                # One window per version, two ahead; and another whenever nothing is outstanding, so failed
-                # rollouts (a window that can never fill) do not stall the run.
-                while queue and (waves_sent < policy.version + 2 or not driver.outstanding()):
-                    self._submit_groups(driver, queue, self.groups_per_step, policy.resources_id)
-                    waves_sent += 1
+                waves_sent = self._submit_waves(driver, queue, policy, waves_sent)
             while not self.waves and queue and driver.outstanding() + self.group_size <= max(in_flight,
                                                                                             self.group_size):
                 self._submit_groups(driver, queue, 1, policy.resources_id if self.pin_versions else None)
@@ -269,6 +267,23 @@ class GRPO(Algorithm):
         if driver.outstanding():
             self.history.statuses["unfinished"] = driver.outstanding()
         self._finish(driver, val)
+
+    def _submit_waves(self, driver: Driver, queue: list[tuple[int, int, Any]], policy: Policy,
+                      waves_sent: int) -> int:
+        """One window of groups per published version, two ahead; returns the waves sent so far. If nothing is
+        outstanding and no new version came for ``stall_seconds`` (failed rollouts left a window that cannot
+        fill, or the trainer's window is larger than a wave), one more wave goes out on the current version."""
+        now = time.monotonic()
+        if driver.outstanding() or waves_sent < policy.version + 2:
+            self._idle_since = None
+        elif self._idle_since is None:
+            self._idle_since = now
+        stalled = self._idle_since is not None and now - self._idle_since > self.stall_seconds
+        while queue and (waves_sent < policy.version + 2 or stalled):
+            self._submit_groups(driver, queue, self.groups_per_step, policy.resources_id)
+            waves_sent += 1
+            stalled, self._idle_since = False, None
+        return waves_sent
 
     def _submit_groups(self, driver: Driver, queue: list[tuple[int, int, Any]], groups: int,
                        resources_id: str | None) -> None:

@@ -54,6 +54,7 @@ class RunningServer:
         self.follower: VersionFollower | None = None
         self._runner: web.AppRunner | None = None
         self._poller: asyncio.Task[None] | None = None
+        self._stopping = False
         self.port = options.port
 
     async def start(self) -> None:
@@ -74,20 +75,25 @@ class RunningServer:
         return f"http://{self.options.host}:{self.port}/v1"
 
     async def _serve_reports(self) -> None:
-        """Delivery reports of the spans and heartbeats, and the health beat (once a second)."""
-        while True:
+        """Delivery reports of the spans and heartbeats, and the health beat (about once a second), until stop.
+        Not cancelled: a poll left running in its thread would race the producer's close."""
+        while not self._stopping:
             health.beat(self.settings.data_dir, ROLE, url=self.base_url, version=self.server.backend.version,
                         **self.server.stats, **self.recorder.stats)
-            await asyncio.to_thread(self.producer.poll, 1.0)
+            for _ in range(5):
+                if self._stopping:
+                    break
+                await asyncio.to_thread(self.producer.poll, 0.2)
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._poller is not None:
-            self._poller.cancel()
+            await self._poller
         if self._runner is not None:
             await self._runner.cleanup()
         if self.follower is not None:
             self.follower.close()
-        await asyncio.to_thread(self.producer.flush)
+        await asyncio.to_thread(self.producer.close)  # delivers what is queued; its connections go now
         self.rollouts.close()
         self.server.backend.close()
         health.beat(self.settings.data_dir, ROLE, stopped=True)
