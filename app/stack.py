@@ -246,6 +246,17 @@ class Stack:
         self.children[name] = _Child(proc)
         return proc
 
+    def start_store(self, gateway_port: int, host: str = "127.0.0.1") -> str:
+        """The store behind the REST APIs: the lifecycle processor, the span sink and the gateway on
+        ``host:gateway_port``, each waited for; returns the gateway's URL."""
+        self.start("lifecycle", "process", "lifecycle")
+        self.start("span-sink", "process", "span-sink")
+        self.start("gateway", "gateway", "--host", host, "--port", str(gateway_port))
+        self.wait_ready("lifecycle", "lifecycle")
+        self.wait_ready("span-sink", "span-sink", key="inserted")
+        self.wait_ready("gateway", "gateway")
+        return f"http://{host}:{gateway_port}"
+
     def supervise(self, now: float | None = None) -> list[str]:
         """One round: restart crashed children whose backoff is over; returns what happened, one line each.
         Raises :class:`ChildFailedError` for a child past its restarts, RuntimeError when the broker died."""

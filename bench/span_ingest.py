@@ -156,15 +156,8 @@ AGL_SDK = f"{AGL} InMemory add_otel_span (in-process)"
 
 def litstream_part(ctx: Context, sizes: Sizes, variants: list[dict[str, Any]]) -> tuple[list[Row], dict[str, Any]]:
     with broker_settings(ctx, "span_ingest") as settings, Stack(settings) as stack:
-        port = free_port()
         ctx.step("starting the lifecycle processor, the span sink and the gateway")
-        stack.start("lifecycle", "process", "lifecycle")
-        stack.start("span-sink", "process", "span-sink")
-        stack.start("gateway", "gateway", "--port", str(port))
-        stack.wait_ready("lifecycle", "lifecycle")
-        stack.wait_ready("span-sink", "span-sink", key="inserted")
-        stack.wait_ready("gateway", "gateway")
-        url = f"http://127.0.0.1:{port}"
+        url = stack.start_store(free_port())
         sdk_rollout, otlp_rollout = asyncio.run(start_rollouts(settings, 2))
         ctx.step(f"litstream: {sizes.sdk_n} spans through KafkaSpanProcessor")
         sdk = sdk_run(settings, sdk_rollout, variants, sizes.sdk_n, sizes.visible_timeout_s)

@@ -15,6 +15,8 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from .processes import stop_process
+
 
 def broker_binary() -> str:
     try:
@@ -40,14 +42,8 @@ class ServerProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        if self.proc is not None:
+            stop_process(self.proc, timeout)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

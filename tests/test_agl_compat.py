@@ -32,15 +32,8 @@ def agl() -> Path:
 
 @pytest.fixture
 def gateway(settings: Settings) -> Iterator[str]:
-    port = free_port()
     with Stack(settings) as s:
-        s.start("lifecycle", "process", "lifecycle")
-        s.start("span-sink", "process", "span-sink")
-        s.start("gateway", "gateway", "--port", str(port))
-        s.wait_ready("lifecycle", "lifecycle")
-        s.wait_ready("span-sink", "span-sink", key="inserted")
-        s.wait_ready("gateway", "gateway")
-        yield f"http://127.0.0.1:{port}"
+        yield s.start_store(free_port())
 
 
 def test_stock_client_against_the_gateway(agl: Path, gateway: str) -> None:

@@ -25,15 +25,8 @@ ORIGIN = "https://app.example"
 @pytest.fixture
 def base(settings: Settings) -> Iterator[str]:
     settings = settings.model_copy(update={"gateway_token": SecretStr(TOKEN), "gateway_cors_origins": ORIGIN})
-    port = free_port()
     with Stack(settings) as s:
-        s.start("lifecycle", "process", "lifecycle")
-        s.start("span-sink", "process", "span-sink")
-        s.start("gateway", "gateway", "--port", str(port))
-        s.wait_ready("lifecycle", "lifecycle")
-        s.wait_ready("span-sink", "span-sink", key="inserted")
-        s.wait_ready("gateway", "gateway")
-        yield f"http://127.0.0.1:{port}"
+        yield s.start_store(free_port())
 
 
 def call(url: str, method: str = "GET", body: Any = None, headers: dict[str, str] | None = None,

@@ -28,6 +28,8 @@ from typing import Any, Protocol, Self, runtime_checkable
 import torch
 import torch.nn.functional as F
 
+from litstream.infra.processes import stop_process
+
 from .checkpoint import load_checkpoint, load_weights_into
 from .tokenizer import Tokenizer
 
@@ -298,13 +300,7 @@ class VllmServer:
         return VllmEngine(self.base_url, self.model, version=self.version if version is None else version, **kwargs)
 
     def stop(self, timeout: float = 30.0) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, timeout)
 
     def __enter__(self) -> Self:
         return self

@@ -30,10 +30,6 @@ class LearnerConfig:
     # Optimizer steps per window over the same samples (PPO-style epochs): the clipped ratio against the generating
     # engine's log-probs keeps the later passes near the policy that sampled them.
     epochs: int = 1
-    # Leave out groups whose members all scored the same (DAPO's dynamic sampling, inside the window): they carry
-    # no policy gradient, and once most groups are solved their tokens would leave the entropy bonus alone to
-    # steer the step, pushing a converged policy back to random answers.
-    skip_flat_groups: bool = False
     loss: LossConfig = field(default_factory=LossConfig)
 
 
@@ -88,15 +84,12 @@ class GrpoLearner:
             raise ValueError("nothing to train on")
         rewards = [s.reward for s in samples]
         advs = group_advantages(rewards, gids, eps=self.cfg.adv_eps, unbiased=self.cfg.unbiased_std)
-        train_idx = [i for i, a in enumerate(advs) if a != 0.0] if self.cfg.skip_flat_groups else list(range(len(samples)))
-        trained = [samples[i] for i in train_idx] or samples
-        trained_advs = [advs[i] for i in train_idx] or advs
-        total_tokens = sum(len(s.response_token_ids) for s in trained)
+        total_tokens = sum(len(s.response_token_ids) for s in samples)
         self.model.train()
-        batches = self._micro_batches(trained)
-        prox = self._proximal_logprobs(trained, batches) if self.cfg.loss.decoupled else None
+        batches = self._micro_batches(samples)
+        prox = self._proximal_logprobs(samples, batches) if self.cfg.loss.decoupled else None
         for _ in range(max(self.cfg.epochs, 1)):
-            agg, loss_sum, grad_norm = self._update(trained, trained_advs, batches, total_tokens, prox)
+            agg, loss_sum, grad_norm = self._update(samples, advs, batches, total_tokens, prox)
         self.model.eval()
         lags = [self.version - s.policy_version for s in samples if s.policy_version is not None]
         by_group: dict[str, list[float]] = {}
