@@ -50,6 +50,18 @@ litstream. It reads its config as one JSON object on stdin and prints one JSON l
 
   -> {..., "rest": {"1": s, "16": s}, "otlp": {"end_s", "flush_s"}, "add_otel_span": {"end_s", "total_s"}}
 
+* "agent_loop": the stock LightningStoreClient's agent loop, `workers` agents at once (asyncio tasks, one client
+  each), `n` rollouts in all: enqueue_rollout -> dequeue_rollout (again after `empty_sleep_s` while the queue
+  looks empty) -> `spans` x (get_next_span_sequence_id + add_span) -> update_attempt(status="succeeded"), then one
+  wait_for_rollouts over every rollout. With `url`, against that server (a litstream gateway); without, against
+  a LightningStoreServer(InMemoryLightningStore()) started as a process of its own (as a gateway is):
+
+      {"mode": "agent_loop", "url": null, "n": 400, "workers": [1, 16], "spans": 10, "variants": [...],
+       "empty_sleep_s": 0.01}
+
+  -> {..., "runs": {"16": {"wall_s", "rollouts", "empty_dequeues", "calls": {kind: {"n", "p50_ms", "p90_ms",
+      "p99_ms"}}}}}
+
 * "adapter": TracerTraceToTriplet().adapt over traces given as span dicts, only the adapt calls timed:
 
       {"mode": "adapter", "traces": [[{"span_id", "parent_id", "name", "start", "end", "attributes"}, ...]],
@@ -481,8 +493,122 @@ async def adapter(cfg: dict[str, Any]) -> dict[str, Any]:
     return {**versions(), "traces": len(traces), "triplets": triplets, "samples_s": samples}
 
 
+REFERENCE_SERVER = """
+import sys
+from agentlightning.store.client_server import LightningStoreServer
+from agentlightning.store.memory import InMemoryLightningStore
+import asyncio
+
+async def main(port):
+    server = LightningStoreServer(InMemoryLightningStore(), host="127.0.0.1", port=port, launch_mode="asyncio")
+    await server.start()
+    await asyncio.Event().wait()
+
+asyncio.run(main(int(sys.argv[1])))
+"""
+
+
+def reference_server() -> tuple[Any, str]:
+    """A LightningStoreServer over InMemoryLightningStore in a process of its own; (process, url) once it answers."""
+    import subprocess
+    import urllib.request
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", REFERENCE_SERVER, str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the reference server exited with code {proc.returncode}")
+        try:
+            urllib.request.urlopen(url + "/v1/agl/health", timeout=1).read()
+            return proc, url
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("the reference server did not answer within 120 s")
+
+
+def percentiles(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+    return {"n": len(ordered), "p50_ms": at(0.5), "p90_ms": at(0.9), "p99_ms": at(0.99)}
+
+
+async def agent_loop_run(url: str, cfg: dict[str, Any], workers: int) -> dict[str, Any]:
+    """`n` rollouts through the agent loop from `workers` concurrent agents; wall time and per-call latencies."""
+    from agentlightning.store.client_server import LightningStoreClient
+
+    calls: dict[str, list[float]] = {k: [] for k in ("enqueue_rollout", "dequeue_rollout", "get_next_span_sequence_id",
+                                                     "add_span", "update_attempt", "wait_for_rollouts")}
+    left = {"to_enqueue": cfg["n"], "empty": 0}
+    ids: list[str] = []
+
+    async def timed(kind: str, call: Any) -> Any:
+        start = time.perf_counter()
+        result = await call
+        calls[kind].append(time.perf_counter() - start)
+        return result
+
+    async def agent(i: int) -> None:
+        client = LightningStoreClient(url, retry_delays=(0.5,), health_retry_delays=(0.1,))
+        try:
+            while left["to_enqueue"] > 0:
+                left["to_enqueue"] -= 1
+                rollout = await timed("enqueue_rollout", client.enqueue_rollout(input={"task": i}, mode="train"))
+                ids.append(rollout.rollout_id)
+                claimed = None
+                while claimed is None:
+                    claimed = await timed("dequeue_rollout", client.dequeue_rollout(worker_id=f"agent-{i}"))
+                    if claimed is None:
+                        left["empty"] += 1
+                        await asyncio.sleep(cfg.get("empty_sleep_s", 0.01))
+                rid, aid = claimed.rollout_id, claimed.attempt.attempt_id
+                for span in build_spans({"variants": cfg["variants"], "spans_per_rollout": cfg["spans"]},
+                                        [(rid, aid)]):
+                    seq = await timed("get_next_span_sequence_id", client.get_next_span_sequence_id(rid, aid))
+                    await timed("add_span", client.add_span(span.model_copy(update={"sequence_id": seq})))
+                await timed("update_attempt", client.update_attempt(rid, aid, status="succeeded"))
+        finally:
+            await client.close()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(agent(i) for i in range(workers)))
+    client = LightningStoreClient(url, retry_delays=(0.5,), health_retry_delays=(0.1,))
+    try:  # the stock client refuses a wait over 0.1 s: it polls, as a trainer using it does
+        deadline = time.monotonic() + 60
+        done = await timed("wait_for_rollouts", client.wait_for_rollouts(rollout_ids=ids, timeout=0))
+        while len(done) < len(ids) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            done = await timed("wait_for_rollouts", client.wait_for_rollouts(rollout_ids=ids, timeout=0))
+    finally:
+        await client.close()
+    wall = time.perf_counter() - start
+    succeeded = sum(1 for r in done if r.status == "succeeded")
+    if succeeded != cfg["n"]:
+        raise RuntimeError(f"{succeeded} of {cfg['n']} rollouts succeeded with {workers} agents")
+    return {"wall_s": wall, "rollouts": succeeded, "empty_dequeues": left["empty"],
+            "calls": {k: percentiles(v) for k, v in calls.items() if v}}
+
+
+async def agent_loop(cfg: dict[str, Any]) -> dict[str, Any]:
+    proc, url = (None, cfg["url"]) if cfg.get("url") else reference_server()
+    try:
+        runs = {str(w): await agent_loop_run(url, cfg, w) for w in cfg["workers"]}
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=10)
+    return {**versions(), "runs": runs}
+
+
 MODES = {"spans": bench, "rollout_cycles": rollout_cycles, "timer_latency": timer_latency, "apply_ops": apply_ops,
-         "span_ingest": span_ingest, "adapter": adapter}
+         "span_ingest": span_ingest, "adapter": adapter,
+         "agent_loop": agent_loop}
 
 
 def main() -> None:

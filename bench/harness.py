@@ -29,6 +29,7 @@ BENCHMARKS: dict[str, str] = {
     "timer_latency": "litstream.bench.timer_latency",
     "replay_rate": "litstream.bench.replay_rate",
     "span_ingest": "litstream.bench.span_ingest",
+    "agent_loop": "litstream.bench.agent_loop",
     "report_queries": "litstream.bench.report_queries",
     "trainer": "litstream.bench.trainer",
     "broker_storage": "litstream.bench.broker_storage",

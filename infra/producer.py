@@ -36,7 +36,7 @@ class EventProducer:
 
     def _on_delivery(self, err: Any, msg: Any) -> None:
         if err is not None:
-            self._errors.append(f"{msg.topic()}: {err}")
+            self._errors = [*self._errors[-99:], f"{msg.topic()}: {err}"]  # the newest, for the next flush
             log.error("delivery to %s failed: %s", msg.topic(), err)
 
     def send(self, topic: str, record: AvroModel, on_delivery: Any = None) -> None:

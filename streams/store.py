@@ -15,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
-from concurrent.futures import Future
-from typing import Any, Literal
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
+from typing import Any, Literal, TypeVar
 
 from confluent_kafka import TopicPartition
 
@@ -66,10 +67,11 @@ from litstream.schemas.models import (
 
 from .resources import to_records
 from .state import rollout_from_snapshot
-from .views import ResourcesView, RolloutsView, WorkersView
+from .views import ResourcesView, RolloutsView, TopicFollower, WorkersView
 from .workers import worker_status_for
 
 log = logging.getLogger("litstream.store")
+T = TypeVar("T")
 
 
 class _Unset:
@@ -80,10 +82,40 @@ class _Unset:
 UNSET: Any = _Unset()
 SortOrder = Literal["asc", "desc"]
 WORKER_WAIT_S = 10.0  # at most this long a write waits for its worker record
+# The store's producer: a call waits for its records, so a long linger would be pure latency; under load the
+# records of concurrent calls still share batches.
+STORE_LINGER_MS = 1
+SPAN_HEARTBEAT_EVERY_S = 1.0  # spans count as heartbeats; one event per attempt this often is enough for the timers
+
+
+def span_heartbeat_due(snap: RolloutSnapshot | None, attempt_id: str, max_sequence_id: int,
+                       last_sent: float | None, now: float) -> bool:
+    """Whether spans just written need an ``AttemptHeartbeat`` on the log (pure). A beat per span call would make
+    the lifecycle processor fold and snapshot every span; one is due when it changes something: the attempt is
+    not running yet (the beat starts or revives it), a span carries a sequence id the log has not reserved (the
+    beat moves the counter past it), or the last beat from here is ``SPAN_HEARTBEAT_EVERY_S`` old."""
+    if snap is None or last_sent is None or now - last_sent >= SPAN_HEARTBEAT_EVERY_S:
+        return True
+    if max_sequence_id >= snap.next_sequence_id:
+        return True
+    attempt = next((a for a in snap.attempts if a.attempt_id == attempt_id), None)
+    return attempt is None or attempt.status != "running"
 
 
 class StoreError(RuntimeError):
-    """The pipeline did not answer in time (a processor is down or far behind)."""
+    """The pipeline did not answer in time (a processor is down or far behind), or the broker refused a write."""
+
+
+def _fail_on_error(fut: Future[Any]) -> Callable[[Any, Any], None]:
+    """A delivery callback that fails ``fut`` when the broker refused the record."""
+    def report(err: Any, msg: Any) -> None:
+        if err is not None and not fut.done():
+            try:
+                fut.set_exception(StoreError(f"the event was not written to {msg.topic()}: {err}"))
+            except InvalidStateError:  # answered meanwhile
+                pass
+
+    return report
 
 
 class FieldError(ValueError):
@@ -148,23 +180,77 @@ def _attempt(snap: RolloutSnapshot, a: Any) -> Attempt:
 _SpanKey = tuple[str, str, str]  # rollout id, attempt id, span id
 
 
+class OfferLedger:
+    """The offers one store has taken, per partition, and which of them are handled (their claim's outcome is
+    known): the offset to commit is the first one not handled, so an offer whose claim is still travelling is
+    read again after a restart rather than lost. Thread-safe: rebalances are told on the consumer's thread."""
+
+    def __init__(self) -> None:
+        self._pending: dict[int, set[int]] = {}
+        self._next: dict[int, int] = {}  # partition -> one past the highest offset handled
+        self._committed: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def taken(self, offers: Iterable[tuple[int, int]]) -> None:
+        with self._lock:
+            for partition, offset in offers:
+                self._pending.setdefault(partition, set()).add(offset)
+
+    def handled(self, offers: Iterable[tuple[int, int]]) -> dict[int, int]:
+        """Mark offers handled; the new commit position of each partition that moved forward."""
+        moved: dict[int, int] = {}
+        with self._lock:
+            touched = set()
+            for partition, offset in offers:
+                self._pending.get(partition, set()).discard(offset)
+                self._next[partition] = max(self._next.get(partition, 0), offset + 1)
+                touched.add(partition)
+            for partition in touched:
+                pending = self._pending.get(partition)
+                position = min(pending) if pending else self._next[partition]
+                if position > self._committed.get(partition, -1):
+                    self._committed[partition] = moved[partition] = position
+        return moved
+
+    def forget(self, partitions: Iterable[int]) -> None:
+        with self._lock:
+            for p in partitions:
+                self._pending.pop(p, None)
+                self._next.pop(p, None)
+                self._committed.pop(p, None)
+
+
 class LitStore:
     """Async, like the reference; safe to share between tasks of one event loop."""
 
     def __init__(self, settings: Settings, wait_s: float = 30.0) -> None:
         self.settings = settings
         self.wait_s = wait_s
-        self.events = EventProducer(settings, role="store")
+        self.events = EventProducer(settings, "store", None, **{"linger.ms": STORE_LINGER_MS})
         self.codec = self.events.codec
         self.rollouts = RolloutsView(settings, self.codec)
         self.resources = ResourcesView(settings, self.codec)
         self.workers = WorkersView(settings, self.codec)
         self._offers: Any = None
         self._offer_ends = PartitionEnds()  # offer partitions read to their end: the queue is empty there
+        self._offer_ledger = OfferLedger()
+        # The offers consumer lives on one thread of its own (a consumer is not for several threads at once),
+        # so a dequeue never waits for a thread of the shared pool, and the pool's never wait for it.
+        self._offers_thread = ThreadPoolExecutor(1, thread_name_prefix="offers")
         self._dequeue_lock = asyncio.Lock()
         self._span_keys: OrderedDict[_SpanKey, None] = OrderedDict()  # own writes, bounded
         self._span_offsets: dict[int, int] = {}  # spans partition -> highest offset this store wrote
+        self._beats: OrderedDict[tuple[str, str], float] = OrderedDict()  # attempt -> when spans last beat it
         self._started = time.time()
+        # Delivery reports are served by a thread of their own, so a call waits for its acknowledgement (or its
+        # failure) as an asyncio future, not by flushing the producer from a thread of the pool.
+        self._closing = threading.Event()
+        self._deliveries = threading.Thread(target=self._serve_deliveries, name="store-deliveries", daemon=True)
+        self._deliveries.start()
+
+    def _serve_deliveries(self) -> None:
+        while not self._closing.is_set():
+            self.events.poll(0.05)
 
     @property
     def capabilities(self) -> dict[str, bool]:
@@ -172,10 +258,13 @@ class LitStore:
 
     async def close(self) -> None:
         await asyncio.to_thread(self.events.flush)
+        self._closing.set()
+        self._deliveries.join(timeout=5)
         for view in (self.rollouts, self.resources, self.workers):
             view.close()
         if self._offers is not None:
-            self._offers.close()
+            await asyncio.get_running_loop().run_in_executor(self._offers_thread, self._offers.close)
+        self._offers_thread.shutdown(wait=False)
 
     async def wait_until_ready(self, timeout: float = 30.0) -> None:
         """Let the views read what is already on their topics."""
@@ -188,13 +277,53 @@ class LitStore:
         """Produce a lifecycle event and return the snapshot that followed it (accepted or not), once the worker
         records it changed show the change too."""
         before = self.rollouts.snapshots.get(event.rollout_id)
-        fut = self.rollouts.expect(event.meta.event_id)
-        self.events.send(self.events.topics.rollout_events, event)
-        await asyncio.to_thread(self.events.flush)
+        (fut,) = self._send_lifecycle([event])
         after = await self._outcome(fut, event)
         if after.last_accepted:
             await self._workers_caught_up([(before, after)])
         return after
+
+    def _send_lifecycle(self, events: Sequence[Event]) -> list[Future[RolloutSnapshot]]:
+        """Produce lifecycle events; a future per event gets the snapshot that follows it, or the delivery's
+        failure. No flush: the snapshot can only follow an event the broker has stored."""
+        futures = []
+        for event in events:
+            fut = self.rollouts.expect(event.meta.event_id)
+            self.events.send(self.events.topics.rollout_events, event, on_delivery=_fail_on_error(fut))
+            futures.append(fut)
+        return futures
+
+    def _acks(self, n: int) -> tuple[asyncio.Future[None], Callable[[Any, Any], None]]:
+        """A future resolved once ``n`` records are acknowledged (or failed at the first failure), and the
+        delivery callback to produce them with."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        left = [n]
+
+        def settle(err: Any) -> None:
+            if done.done():
+                return
+            if err is not None:
+                done.set_exception(StoreError(f"a record was not written to Kafka: {err}"))
+            elif left[0] <= 0:
+                done.set_result(None)
+
+        def report(err: Any, _msg: Any) -> None:
+            left[0] -= 1
+            if err is not None or left[0] <= 0:
+                loop.call_soon_threadsafe(settle, err)
+
+        if n <= 0:
+            done.set_result(None)
+        return done, report
+
+    async def _until(self, view: TopicFollower, predicate: Callable[[], T | None], timeout: float) -> T | None:
+        """``predicate()`` once it has an answer after a batch of ``view``, or None when the time is up."""
+        fut = view.until(predicate)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(fut), timeout)
+        except TimeoutError:
+            return None
 
     async def _workers_caught_up(self, changes: list[tuple[RolloutSnapshot | None, RolloutSnapshot]]) -> None:
         """Read-your-writes of workers: the lifecycle processor tells the workers topic of every attempt whose status
@@ -213,11 +342,14 @@ class LitStore:
         def seen() -> bool | None:
             return True if all(w in self.workers.observed for w in wanted) else None
 
-        await asyncio.to_thread(self.workers.wait_for, seen, min(self.wait_s, WORKER_WAIT_S))
+        await self._until(self.workers, seen, min(self.wait_s, WORKER_WAIT_S))
 
     async def _outcome(self, fut: Future[RolloutSnapshot], event: Event) -> RolloutSnapshot:
         try:
             return await asyncio.wait_for(asyncio.wrap_future(fut), timeout=self.wait_s)
+        except StoreError:
+            self.rollouts.forget(event.meta.event_id)
+            raise
         except TimeoutError:
             self.rollouts.forget(event.meta.event_id)
             raise StoreError(f"no answer from the lifecycle processor within {self.wait_s:.0f}s for "
@@ -254,10 +386,7 @@ class LitStore:
 
     async def enqueue_many_rollouts(self, rollouts: Sequence[EnqueueRolloutRequest]) -> list[Rollout]:
         events = [self._enqueue_event(r.input, r.mode, r.resources_id, r.config, r.metadata) for r in rollouts]
-        futures = [self.rollouts.expect(e.meta.event_id) for e in events]
-        for e in events:
-            self.events.send(self.events.topics.rollout_events, e)
-        await asyncio.to_thread(self.events.flush)
+        futures = self._send_lifecycle(events)
         snaps = [await self._outcome(f, e) for f, e in zip(futures, events)]
         return [rollout_from_snapshot(self._accepted(s)) for s in snaps]
 
@@ -286,39 +415,50 @@ class LitStore:
     async def dequeue_many_rollouts(self, *, limit: int = 1, worker_id: str | None = None) -> list[AttemptedRollout]:
         """Non-blocking: claim up to ``limit`` rollouts on offer (FIFO per partition); stale offers are skipped.
 
-        Claims of one call go out together and their outcomes are awaited together; calls are serialised, since
-        they share one consumer of the offers.
+        Only taking offers from the consumer is serialised (they share it); the claims of concurrent calls travel
+        through the log side by side, and each call awaits its own outcomes.
         """
         out: list[AttemptedRollout] = []
-        async with self._dequeue_lock:
-            while len(out) < limit:
-                offers = await asyncio.to_thread(self._next_offers, limit - len(out))
-                if not offers:
-                    break
-                claims = [AttemptStarted(meta=self.events.factory.meta(o.rollout_id), attempt_id=new_attempt_id(),
-                                         sequence_id=o.attempt_sequence, start_time=time.time(), worker_id=worker_id)
-                          for o, _ in offers]
-                befores = [self.rollouts.snapshots.get(o.rollout_id) for o, _ in offers]
-                futures = [self.rollouts.expect(c.meta.event_id) for c in claims]
-                for c in claims:
-                    self.events.send(self.events.topics.rollout_events, c)
-                await asyncio.to_thread(self.events.flush)
+        loop = asyncio.get_running_loop()
+        while len(out) < limit:
+            async with self._dequeue_lock:
+                offers = await loop.run_in_executor(self._offers_thread, self._next_offers, limit - len(out))
+                self._offer_ledger.taken(where for _, where in offers)
+            if not offers:
+                break
+            claims = [AttemptStarted(meta=self.events.factory.meta(o.rollout_id), attempt_id=new_attempt_id(),
+                                     sequence_id=o.attempt_sequence, start_time=time.time(), worker_id=worker_id)
+                      for o, _ in offers]
+            befores = [self.rollouts.snapshots.get(o.rollout_id) for o, _ in offers]
+            futures = self._send_lifecycle(claims)
+            try:
                 snaps = [await self._outcome(f, c) for f, c in zip(futures, claims)]
-                # Every claim's outcome is known: those offers are handled, whoever won them.
-                ends: dict[int, int] = {}
-                for _, (partition, offset) in offers:
-                    ends[partition] = max(ends.get(partition, -1), offset + 1)
-                tps = [TopicPartition(self.events.topics.offers, p, o) for p, o in ends.items()]
-                await asyncio.to_thread(self._offers.commit, offsets=tps, asynchronous=False)
-                await self._workers_caught_up([(b, a) for b, a in zip(befores, snaps) if a.last_accepted])
-                for snap in snaps:
-                    if snap.last_accepted:
-                        result = rollout_from_snapshot(snap)
-                        assert isinstance(result, AttemptedRollout)
-                        out.append(result)
+            finally:  # every claim's outcome is known (or given up on): those offers are handled, whoever won
+                self._commit_offers(self._offer_ledger.handled(where for _, where in offers))
+            await self._workers_caught_up([(b, a) for b, a in zip(befores, snaps) if a.last_accepted])
+            for snap in snaps:
+                if snap.last_accepted:
+                    result = rollout_from_snapshot(snap)
+                    assert isinstance(result, AttemptedRollout)
+                    out.append(result)
         if not out and worker_id is not None:
             await self._observe_worker(worker_id, "empty_dequeue")
         return out
+
+    def _commit_offers(self, positions: dict[int, int]) -> None:
+        """Commit the offers consumer's positions on its thread, not waited for: a lost commit only means an
+        offer read again after a restart, whose claim the processor refuses as stale."""
+        if not positions or self._offers is None:
+            return
+        tps = [TopicPartition(self.events.topics.offers, p, o) for p, o in positions.items()]
+
+        def commit() -> None:
+            try:
+                self._offers.commit(offsets=tps, asynchronous=True)
+            except Exception as exc:  # noqa: BLE001 - see above
+                log.warning("committing offers %s failed: %s", positions, exc)
+
+        self._offers_thread.submit(commit)
 
     def _next_offers(self, limit: int) -> list[tuple[RolloutOffered, tuple[int, int]]]:
         """Up to ``limit`` offers with their (partition, offset): those already fetched, else the next one."""
@@ -361,6 +501,7 @@ class LitStore:
 
     def _offer_partitions_moved(self, _c: Any, partitions: list[TopicPartition]) -> None:
         self._offer_ends.forget(tp.partition for tp in partitions)
+        self._offer_ledger.forget(tp.partition for tp in partitions)
 
     def _decode_offer(self, value: bytes | None) -> RolloutOffered | None:
         try:
@@ -448,7 +589,7 @@ class LitStore:
         if timeout is not None and timeout <= 0:
             return finished() or [rollout_from_snapshot(s) for rid in rollout_ids
                                   if (s := self.rollouts.snapshots.get(rid)) is not None and s.status in FINISHED]
-        result = await asyncio.to_thread(self.rollouts.wait_for, finished, timeout if timeout is not None else 1e9)
+        result = await self._until(self.rollouts, finished, timeout if timeout is not None else 1e9)
         if result is not None:
             return result
         return [rollout_from_snapshot(s) for rid in rollout_ids
@@ -470,10 +611,7 @@ class LitStore:
             else:
                 runs.append((rid, aid, 1))
         events = [SequenceRequested(meta=self.events.factory.meta(rid), attempt_id=aid, count=n) for rid, aid, n in runs]
-        futures = [self.rollouts.expect(e.meta.event_id) for e in events]
-        for e in events:
-            self.events.send(self.events.topics.rollout_events, e)
-        await asyncio.to_thread(self.events.flush)
+        futures = self._send_lifecycle(events)
         ids: list[int] = []
         for f, e in zip(futures, events):
             snap = self._accepted(await self._outcome(f, e))
@@ -562,15 +700,33 @@ class LitStore:
         return key
 
     async def _write_spans(self, batch: list[tuple[_SpanKey, int, bytes]]) -> None:
-        """Produce encoded spans and one heartbeat per attempt (carrying its counter), then flush."""
-        beats: dict[tuple[str, str], int] = {}
-        for (rid, aid, _), seq, value in batch:
-            self.events.produce_raw(self.events.topics.spans, rid.encode(), value, on_delivery=self._on_span_delivered)
-            beats[(rid, aid)] = max(beats.get((rid, aid), 0), seq)
+        """Produce encoded spans, and a heartbeat (carrying the counter) for each attempt whose beat is due;
+        returns once the broker acknowledged them all."""
+        top: dict[tuple[str, str], int] = {}
+        for (rid, aid, _), seq, _value in batch:
+            top[(rid, aid)] = max(top.get((rid, aid), 0), seq)
+        now = time.time()
+        beats = {attempt: seq for attempt, seq in top.items()
+                 if span_heartbeat_due(self.rollouts.snapshots.get(attempt[0]), attempt[1], seq,
+                                       self._beats.get(attempt), now)}
+        for attempt in beats:
+            self._beats[attempt] = now
+            self._beats.move_to_end(attempt)
+        while len(self._beats) > 100_000:
+            self._beats.popitem(last=False)
+        acked, report = self._acks(len(batch) + len(beats))
+
+        def span_report(err: Any, msg: Any) -> None:
+            self._on_span_delivered(err, msg)
+            report(err, msg)
+
+        for (rid, _, _), _seq, value in batch:
+            self.events.produce_raw(self.events.topics.spans, rid.encode(), value, on_delivery=span_report)
         for (rid, aid), max_seq in beats.items():
             self.events.send(self.events.topics.rollout_events, AttemptHeartbeat(
-                meta=self.events.factory.meta(rid), attempt_id=aid, time=time.time(), max_sequence_id=max_seq))
-        await asyncio.to_thread(self.events.flush)
+                meta=self.events.factory.meta(rid), attempt_id=aid, time=time.time(), max_sequence_id=max_seq),
+                on_delivery=report)
+        await acked
         for key, _, _ in batch:  # only spans on Kafka count as added: a failed call can be retried
             self._span_keys[key] = None
         while len(self._span_keys) > 200_000:
@@ -639,10 +795,8 @@ class LitStore:
         event = ResourcesPublished(**self.events.factory.stamp(), resources_id=resources_id, version=1,
                                    create_time=now, update_time=now, resources=to_records(resources))
         self.events.send(self.events.topics.resources, event)
-        await asyncio.to_thread(self.events.flush)
-        seen = await asyncio.to_thread(self.resources.wait_for,
-                                       lambda: True if event.event_id in self.resources.seen_events else None,
-                                       self.wait_s)
+        seen = await self._until(self.resources, lambda: True if event.event_id in self.resources.seen_events else None,
+                                 self.wait_s)
         if seen is None:
             raise StoreError("the resources topic did not return the update in time")
         return self.resources.state.by_id[resources_id]
@@ -668,9 +822,8 @@ class LitStore:
         event = WorkerObserved(**self.events.factory.stamp(), worker_id=worker_id, time=time.time(), kind=kind,
                                heartbeat_stats=stats)
         self.events.send(self.events.topics.workers, event)
-        await asyncio.to_thread(self.events.flush)
-        await asyncio.to_thread(self.workers.wait_for,
-                                lambda: True if event.event_id in self.workers.seen_events else None, self.wait_s)
+        await self._until(self.workers, lambda: True if event.event_id in self.workers.seen_events else None,
+                          self.wait_s)
         return event
 
     async def update_worker(self, worker_id: str, heartbeat_stats: Any = UNSET) -> Worker:

@@ -11,7 +11,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
@@ -47,6 +47,7 @@ class TopicFollower:
         self._ends = PartitionEnds()
         self._batches = 0
         self.changed = threading.Condition()
+        self._watchers: list[tuple[Callable[[], Any], Future[Any]]] = []  # checked after every batch
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"follow-{topic}", daemon=True)
         self._thread.start()
@@ -69,6 +70,8 @@ class TopicFollower:
                     self.on_record(record)
                 self._batches += 1
                 self.changed.notify_all()
+                if self._watchers:
+                    self._watchers = [w for w in self._watchers if not _settled(*w)]
 
     def wait_for(self, predicate: Callable[[], T | None], timeout: float) -> T | None:
         """Block until ``predicate()`` returns something (checked after every batch) or the time is up."""
@@ -83,6 +86,15 @@ class TopicFollower:
                     return None
                 self.changed.wait(left)
 
+    def until(self, predicate: Callable[[], T | None]) -> Future[T]:
+        """A future of the first non-None ``predicate()``, checked now and after every batch: the waiting of
+        :meth:`wait_for` without a thread held for it (cancel the future to stop checking)."""
+        fut: Future[T] = Future()
+        with self.changed:
+            if not _settled(predicate, fut):
+                self._watchers.append((predicate, fut))
+        return fut
+
     def caught_up(self, timeout: float = 30.0) -> bool:
         """Wait until every partition has been read to its end at least once since now."""
         start = self._batches
@@ -93,6 +105,24 @@ class TopicFollower:
         self._stop.set()
         self._thread.join(timeout=5)
         self._consumer.close()
+
+
+def _settled(predicate: Callable[[], Any], fut: Future[Any]) -> bool:
+    """Resolve ``fut`` once ``predicate()`` has an answer; True when the future needs no more checks."""
+    if fut.done():  # cancelled by a waiter that gave up
+        return True
+    try:
+        found = predicate()
+    except Exception as exc:  # noqa: BLE001 - the waiter gets it, the follower goes on
+        fut.set_exception(exc)
+        return True
+    if found is None:
+        return False
+    try:
+        fut.set_result(found)
+    except InvalidStateError:  # cancelled meanwhile
+        pass
+    return True
 
 
 class RolloutsView(TopicFollower):

@@ -1,0 +1,90 @@
+"""agent_loop: Agent Lightning 0.3.0's stock LightningStoreClient running its agent loop against each server.
+
+Each of W agents (asyncio tasks with a client each, in the Agent Lightning virtualenv) loops until N rollouts are
+enqueued: enqueue_rollout -> dequeue_rollout -> 10 x (get_next_span_sequence_id + add_span) ->
+update_attempt(status="succeeded"); then wait_for_rollouts polls until all N succeeded. Run once with 1 agent and
+once with 16, against:
+
+* litstream: the gateway's /v1/agl, with the lifecycle processor and the span sink behind it and the embedded
+  broker, each a process of its own;
+* Agent Lightning 0.3.0: LightningStoreServer(InMemoryLightningStore()) in a process of its own.
+
+Reported: rollouts/s per agent count, and p50/p90 of every call kind (the same client code times both).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from litstream.app.stack import Stack
+from litstream.infra.broker import free_port
+
+from .harness import Context, Report, Row
+from .kafka_codec import span_variants
+from .lifecycle import AGL, agl_baseline, broker_settings
+
+TITLE = "the stock client's agent loop (enqueue -> dequeue -> 10 spans -> succeeded), gateway vs Agent Lightning 0.3.0"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    n: int  # rollouts per agent count
+    workers: tuple[int, ...] = (1, 16)
+    spans: int = 10
+
+
+FULL = Sizes(n=400)
+QUICK = Sizes(n=32)
+
+LIT = "litstream agent loop (stock LightningStoreClient -> gateway /v1/agl)"
+REF = f"{AGL} agent loop (same client -> LightningStoreServer over InMemory)"
+CALL_KINDS = ("enqueue_rollout", "dequeue_rollout", "get_next_span_sequence_id", "add_span", "update_attempt")
+
+
+def _config(sizes: Sizes, url: str | None) -> dict[str, Any]:
+    return {"mode": "agent_loop", "url": url, "n": sizes.n, "workers": list(sizes.workers), "spans": sizes.spans,
+            "variants": span_variants(), "empty_sleep_s": 0.01}
+
+
+def _labels(prefix: str, sizes: Sizes) -> list[str]:
+    return [f"{prefix}, {w} agent{'s' if w > 1 else ''}" for w in sizes.workers]
+
+
+def _latencies(run: dict[str, Any]) -> str:
+    calls = run["calls"]
+    return "; ".join(f"{k} p50 {calls[k]['p50_ms']:.1f} / p90 {calls[k]['p90_ms']:.1f} ms"
+                     for k in CALL_KINDS if k in calls)
+
+
+def _rows(prefix: str, sizes: Sizes, result: dict[str, Any]) -> list[Row]:
+    rows = []
+    for label, w in zip(_labels(prefix, sizes), sizes.workers):
+        run = result["runs"][str(w)]
+        rows.append(Row(label, msgs_per_s=run["rollouts"] / run["wall_s"], n=run["rollouts"],
+                        samples_s=[run["wall_s"]],
+                        note=f"rollouts/s; {_latencies(run)}; empty dequeues {run['empty_dequeues']}"))
+    return rows
+
+
+def run(ctx: Context) -> Report:
+    sizes = QUICK if ctx.quick else FULL
+    rows: list[Row] = []
+    params: dict[str, Any] = {**asdict(sizes), "rate": "rollouts/s"}
+    with broker_settings(ctx, "agent_loop") as settings, Stack(settings) as stack:
+        ctx.step("starting the lifecycle processor, the span sink and the gateway")
+        url = stack.start_store(free_port())
+        lit, missing = agl_baseline(ctx, _config(sizes, url), _labels(LIT, sizes))
+    if lit is None:
+        rows += missing or [Row(label, note="skipped (--no-agl: the stock client lives in the Agent Lightning venv)")
+                            for label in _labels(LIT, sizes)]
+    else:
+        rows += _rows(LIT, sizes, lit)
+        params["litstream"] = lit["runs"]
+    ref, missing = agl_baseline(ctx, _config(sizes, None), _labels(REF, sizes))
+    if ref is None:
+        rows += missing
+    else:
+        rows += _rows(REF, sizes, ref)
+        params["agl"] = ref["runs"]
+    return Report(rows, params)
