@@ -30,6 +30,12 @@ FIGURES: tuple[Figure, ...] = (
     Figure("codec decode RolloutEnqueued (events/s)", "codec decode RolloutEnqueued", None, min_rate=200_000),
     Figure("replay (events/s; reference: the same operations through its API)", "litstream replay (",
            f"{AGL} InMemory: apply the same operations", min_rate=100_000),
+    Figure("stock client's agent loop, 16 agents (rollouts/s)", "litstream agent loop (stock LightningStoreClient "
+           "-> gateway /v1/agl), 16 agents", f"{AGL} agent loop (same client -> LightningStoreServer over InMemory), "
+           "16 agents", min_ratio=1.5),
+    Figure("stock client's agent loop, 1 agent (rollouts/s)", "litstream agent loop (stock LightningStoreClient "
+           "-> gateway /v1/agl), 1 agent", f"{AGL} agent loop (same client -> LightningStoreServer over InMemory), "
+           "1 agent"),
     Figure("rollout cycles, 64 in flight (cycles/s)", "litstream cycles, 64 calls", f"{AGL} InMemory cycles, 64",
            min_rate=2_000),
     Figure("rollout cycles, 1 in flight (cycles/s)", "litstream cycles, 1 call", f"{AGL} InMemory cycles, seq"),

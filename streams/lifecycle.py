@@ -13,6 +13,7 @@ import heapq
 import logging
 import time
 import traceback
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,7 @@ LIFECYCLE_EVENTS = (RolloutEnqueued, RolloutStatusChanged, AttemptStarted, Attem
                     RolloutUpdated, AttemptUpdated, SequenceRequested)
 ROLE = "lifecycle"
 TICK_S = 0.1  # timer resolution: a deadline is seen at most this late (plus the trip through the log)
+STATE_CACHE_SIZE = 50_000  # rollout states kept as objects (about 2-5 kB each)
 REINDEX_EVERY_S = 30.0  # a full re-index now and then, in case a rebalance slipped between ticks
 # RocksDB sizes per table partition (one database each): what bounds the processor's memory with that store.
 ROCKSDB_OPTIONS = {"write_buffer_size": 4 << 20, "max_write_buffer_number": 2, "block_cache_size": 8 << 20}
@@ -119,6 +121,12 @@ class LifecycleProcessor:
         self._indexed: set[int] = set()
         self._indexed_at = 0.0
         self._ready_told = False
+        # The newest state of the rollouts this worker folded lately, as objects: reading the table would decode
+        # JSON and validate it again for every event. Valid while the partitions stay here: cleared whenever they
+        # move, since another worker may change a rollout meanwhile.
+        self._states: OrderedDict[str, RolloutState] = OrderedDict()
+        self.app.on_partitions_revoked.connect(self._forget_states)
+        self.app.on_partitions_assigned.connect(self._forget_states)
 
     async def _beat(self) -> None:
         health.beat(self.settings.data_dir, ROLE, **self.stats)
@@ -178,12 +186,12 @@ class LifecycleProcessor:
                     # A worker killed after a local RocksDB write but before its changelog write comes back with
                     # state the changelog lacks; writing it again puts it where the partition's next owner reads
                     # it. (An in-memory table is rebuilt from the changelog, so it holds nothing the log lacks.)
-                    self.table[rid] = {"partition": partition, "state": state.model_dump(mode="json")}
+                    self._save(rid, partition, state)
                 await self._resend_effects(event, state)
             return
         new = outcome.state
         if new is not None:
-            self.table[rid] = {"partition": partition, "state": new.model_dump(mode="json")}
+            self._save(rid, partition, new)
             failpoint("lifecycle.after-table-write")  # fault tests: die with the change in the table, not on Kafka
             self._arm(rid, new, partition)
             snapshot = new.snapshot(event.meta, outcome.accepted, outcome.reason, outcome.reserved)
@@ -230,8 +238,29 @@ class LifecycleProcessor:
             await self.workers_topic.send(key=a.worker_id.encode(), value=self.codec.encode(obs))
 
     def _load(self, rid: str) -> RolloutState | None:
+        state = self._states.get(rid)
+        if state is not None:
+            self._states.move_to_end(rid)
+            return state
         raw = self.table.get(rid)
-        return RolloutState.model_validate(raw["state"]) if raw is not None else None
+        if raw is None:
+            return None
+        state = RolloutState.model_validate(raw["state"])
+        self._remember(rid, state)
+        return state
+
+    def _save(self, rid: str, partition: int, state: RolloutState) -> None:
+        self.table[rid] = {"partition": partition, "state": state.model_dump(mode="json")}
+        self._remember(rid, state)
+
+    def _remember(self, rid: str, state: RolloutState) -> None:
+        self._states[rid] = state
+        self._states.move_to_end(rid)
+        while len(self._states) > STATE_CACHE_SIZE:
+            self._states.popitem(last=False)
+
+    async def _forget_states(self, *_args: Any, **_kwargs: Any) -> None:
+        self._states.clear()
 
     # -- timers: timeout and unresponsive, on this processor's clock --------------------------------------------
 

@@ -17,6 +17,7 @@ import logging
 import re
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
@@ -180,6 +181,17 @@ def _attempt(snap: RolloutSnapshot, a: Any) -> Attempt:
 _SpanKey = tuple[str, str, str]  # rollout id, attempt id, span id
 
 
+def _serve_deliveries(events: weakref.ref[EventProducer], closing: threading.Event) -> None:
+    """Serve a store's delivery reports until it closes, or is dropped unclosed (a weak reference, so an
+    unclosed store's producer is still freed and stops calling its broker)."""
+    while not closing.is_set():
+        producer = events()
+        if producer is None:
+            return
+        producer.poll(0.05)
+        del producer
+
+
 class OfferLedger:
     """The offers one store has taken, per partition, and which of them are handled (their claim's outcome is
     known): the offset to commit is the first one not handled, so an offer whose claim is still travelling is
@@ -245,12 +257,9 @@ class LitStore:
         # Delivery reports are served by a thread of their own, so a call waits for its acknowledgement (or its
         # failure) as an asyncio future, not by flushing the producer from a thread of the pool.
         self._closing = threading.Event()
-        self._deliveries = threading.Thread(target=self._serve_deliveries, name="store-deliveries", daemon=True)
+        self._deliveries = threading.Thread(target=_serve_deliveries, args=(weakref.ref(self.events), self._closing),
+                                            name="store-deliveries", daemon=True)
         self._deliveries.start()
-
-    def _serve_deliveries(self) -> None:
-        while not self._closing.is_set():
-            self.events.poll(0.05)
 
     @property
     def capabilities(self) -> dict[str, bool]:
