@@ -66,6 +66,7 @@ from litstream.schemas.models import (
     new_rollout_id,
 )
 
+from . import fold
 from .resources import to_records
 from .state import rollout_from_snapshot
 from .views import ResourcesView, RolloutsView, TopicFollower, WorkersView
@@ -253,6 +254,7 @@ class LitStore:
         self._span_keys: OrderedDict[_SpanKey, None] = OrderedDict()  # own writes, bounded
         self._span_offsets: dict[int, int] = {}  # spans partition -> highest offset this store wrote
         self._beats: OrderedDict[tuple[str, str], float] = OrderedDict()  # attempt -> when spans last beat it
+        self._unfolded: dict[str, RolloutSnapshot] = {}  # rollouts enqueued here, by their provisional snapshot
         self._started = time.time()
         # Delivery reports are served by a thread of their own, so a call waits for its acknowledgement (or its
         # failure) as an asyncio future, not by flushing the producer from a thread of the pool.
@@ -390,14 +392,34 @@ class LitStore:
 
     async def enqueue_rollout(self, input: Any, mode: Any = None, resources_id: str | None = None,
                               config: RolloutConfig | None = None, metadata: dict[str, Any] | None = None) -> Rollout:
-        snap = self._accepted(await self._write(self._enqueue_event(input, mode, resources_id, config, metadata)))
-        return rollout_from_snapshot(snap)
+        (rollout,) = await self._enqueue([self._enqueue_event(input, mode, resources_id, config, metadata)])
+        return rollout
 
     async def enqueue_many_rollouts(self, rollouts: Sequence[EnqueueRolloutRequest]) -> list[Rollout]:
-        events = [self._enqueue_event(r.input, r.mode, r.resources_id, r.config, r.metadata) for r in rollouts]
-        futures = self._send_lifecycle(events)
-        snaps = [await self._outcome(f, e) for f, e in zip(futures, events)]
-        return [rollout_from_snapshot(self._accepted(s)) for s in snaps]
+        return await self._enqueue([self._enqueue_event(r.input, r.mode, r.resources_id, r.config, r.metadata)
+                                    for r in rollouts])
+
+    async def _enqueue(self, events: list[RolloutEnqueued]) -> list[Rollout]:
+        """Enqueue new rollouts. Nothing can refuse one (its id is new), so its state is known before the lifecycle
+        processor folds it: the pure fold gives the state the processor will compute. The call returns once the
+        broker holds the events, and this store's view shows the rollouts at once (read-your-writes) until the
+        processor's snapshots take their place. A processor that is down delays the offer, not the enqueue."""
+        snaps = []
+        for event in events:
+            outcome = fold.apply(None, event)
+            if not outcome.accepted or outcome.state is None:  # the fold's rule for a new id: never, but say so
+                raise ValueError(outcome.reason or "rejected")
+            snaps.append(outcome.state.snapshot(event.meta))
+        acked, report = self._acks(len(events))
+        for event in events:
+            self.events.send(self.events.topics.rollout_events, event, on_delivery=report)
+        await acked
+        self.rollouts.provisional(snaps)
+        for snap in snaps:
+            self._unfolded[snap.rollout_id] = snap
+        while len(self._unfolded) > 100_000:  # bounded: the oldest were folded long ago, or the processor is down
+            self._unfolded.pop(next(iter(self._unfolded)))
+        return [rollout_from_snapshot(snap) for snap in snaps]
 
     async def start_rollout(self, input: Any, mode: Any = None, resources_id: str | None = None,
                             config: RolloutConfig | None = None, metadata: dict[str, Any] | None = None,
@@ -429,6 +451,7 @@ class LitStore:
         """
         out: list[AttemptedRollout] = []
         loop = asyncio.get_running_loop()
+        await self._own_enqueues_folded()
         while len(out) < limit:
             async with self._dequeue_lock:
                 offers = await loop.run_in_executor(self._offers_thread, self._next_offers, limit - len(out))
@@ -453,6 +476,21 @@ class LitStore:
         if not out and worker_id is not None:
             await self._observe_worker(worker_id, "empty_dequeue")
         return out
+
+    async def _own_enqueues_folded(self) -> None:
+        """Wait (bounded) until the processor has folded the rollouts enqueued here, so a dequeue right after an
+        enqueue finds its offer, as in the reference."""
+        if not self._unfolded:
+            return
+        pending = dict(self._unfolded)
+
+        def folded() -> bool | None:
+            return True if all(self.rollouts.snapshots.get(rid) is not snap for rid, snap in pending.items()) else None
+
+        await self._until(self.rollouts, folded, self.wait_s)
+        for rid, snap in pending.items():
+            if self._unfolded.get(rid) is snap and self.rollouts.snapshots.get(rid) is not snap:
+                del self._unfolded[rid]
 
     def _commit_offers(self, positions: dict[int, int]) -> None:
         """Commit the offers consumer's positions on its thread, not waited for: a lost commit only means an

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from litstream.app.stack import Stack
 from litstream.infra.settings import Settings
-from litstream.schemas.models import LLM, PromptTemplate, RolloutConfig, Span
+from litstream.schemas.models import LLM, EnqueueRolloutRequest, PromptTemplate, RolloutConfig, Span
 from litstream.streams.store import LitStore
 
 
@@ -136,5 +137,31 @@ def test_sequence_ids_from_many_writers_are_unique_and_increasing(pipeline: Sett
         finally:
             await a.close()
             await b.close()
+
+    run(scenario())
+
+
+def test_an_enqueue_is_durable_before_the_processor_folds_it(settings: Settings) -> None:
+    """The log, not the processor, takes the work: with no lifecycle processor running an enqueue still returns
+    (once the broker holds the event), its rollout reads back at once from this store, and a processor started
+    later offers it, so a dequeue claims it."""
+
+    async def scenario() -> None:
+        store = LitStore(settings, wait_s=60.0)
+        try:
+            await store.wait_until_ready()
+            first = await store.enqueue_rollout({"q": 1}, mode="train")
+            more = await store.enqueue_many_rollouts([EnqueueRolloutRequest(input={"q": i}) for i in (2, 3)])
+            got = await store.get_rollout_by_id(first.rollout_id)
+            assert got is not None and got.status == "queuing" and got.input == {"q": 1}
+            assert {r.rollout_id for r in (await store.query_rollouts(status_in=["queuing"])).items} == \
+                {first.rollout_id, *(r.rollout_id for r in more)}
+            with Stack(settings) as stack:
+                stack.start("lifecycle", "process", "lifecycle")
+                claimed = await store.dequeue_many_rollouts(limit=3, worker_id="w-1")  # waits for the fold
+                assert sorted(r.rollout_id for r in claimed) == sorted([first.rollout_id, *(r.rollout_id for r in more)])
+                assert all(r.attempt.status == "preparing" for r in claimed)
+        finally:
+            await store.close()
 
     run(scenario())
