@@ -1,9 +1,11 @@
 """rollout_cycles: rollouts/s through enqueue -> claim -> succeeded, folded and queryable, on the real pipeline.
 
 litstream: an embedded broker, the lifecycle processor as a process, a LitStore in this process. N rollouts go
-through three phases, each a Store API call per rollout that returns once the processor has folded it and this
-process has read the snapshot back (read-your-writes): enqueue_rollout, then claims (dequeue) until all are
-claimed, then update_attempt(rid, "latest", status="succeeded"); then wait_for_rollouts until all succeeded.
+through three phases, each a Store API call per rollout that returns once its effect is readable from this store
+(read-your-writes): enqueue_rollout (once the broker holds the event: nothing can refuse a new rollout), then claims
+(dequeue, which first waits for this store's enqueues to be folded) until all are claimed, then
+update_attempt(rid, "latest", status="succeeded") (once the processor has folded it and this process has read the
+snapshot back); then wait_for_rollouts until all succeeded.
 Once with one call in flight, once with 64 (asyncio tasks over one store), then enqueue_many_rollouts on its own.
 
 Agent Lightning 0.3.0: InMemoryLightningStore (default scan_debounce_seconds), the same phases with the same calls,
@@ -111,7 +113,7 @@ def litstream_rows(sizes: Sizes, runs: dict[str, Any]) -> list[Row]:
                  note=_phases(sizes.concurrent, conc, f"dequeue_many_rollouts({sizes.batch})",
                               f"; {k} tasks for enqueue and update, claims one at a time (the store's limit)")),
         rate_row(f"litstream enqueue_many_rollouts({sizes.batch})", [runs["enqueue_many"]], sizes.concurrent,
-                 note="rollouts/s, each batch one flush, returns once all are folded and read back"),
+                 note="rollouts/s; each batch returns once the broker holds it, with the state the pure fold gives (the processor folds them meanwhile)"),
     ]
 
 
