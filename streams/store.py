@@ -328,6 +328,13 @@ class LitStore:
             done.set_result(None)
         return done, report
 
+    async def _acknowledged(self, acked: asyncio.Future[None], what: str) -> None:
+        try:
+            await asyncio.wait_for(acked, timeout=self.wait_s)
+        except TimeoutError:
+            raise StoreError(f"the broker did not acknowledge {what} within {self.wait_s:.0f}s; is it up? "
+                             "(litstream status)") from None
+
     async def _until(self, view: TopicFollower, predicate: Callable[[], T | None], timeout: float) -> T | None:
         """``predicate()`` once it has an answer after a batch of ``view``, or None when the time is up."""
         fut = view.until(predicate)
@@ -413,7 +420,7 @@ class LitStore:
         acked, report = self._acks(len(events))
         for event in events:
             self.events.send(self.events.topics.rollout_events, event, on_delivery=report)
-        await acked
+        await self._acknowledged(acked, "the enqueued rollouts")
         self.rollouts.provisional(snaps)
         for snap in snaps:
             self._unfolded[snap.rollout_id] = snap
@@ -487,9 +494,13 @@ class LitStore:
         def folded() -> bool | None:
             return True if all(self.rollouts.snapshots.get(rid) is not snap for rid, snap in pending.items()) else None
 
-        await self._until(self.rollouts, folded, self.wait_s)
+        if await self._until(self.rollouts, folded, self.wait_s) is None:
+            # Not folded in time (the processor is down, far behind, or dead-lettered them): stop waiting for
+            # these, or every later dequeue would wait as long; their offers come whenever they are folded.
+            log.warning("%d rollouts enqueued here were not folded within %.0fs; dequeues no longer wait for them",
+                        sum(1 for rid, snap in pending.items() if self.rollouts.snapshots.get(rid) is snap), self.wait_s)
         for rid, snap in pending.items():
-            if self._unfolded.get(rid) is snap and self.rollouts.snapshots.get(rid) is not snap:
+            if self._unfolded.get(rid) is snap:
                 del self._unfolded[rid]
 
     def _commit_offers(self, positions: dict[int, int]) -> None:
@@ -773,7 +784,7 @@ class LitStore:
             self.events.send(self.events.topics.rollout_events, AttemptHeartbeat(
                 meta=self.events.factory.meta(rid), attempt_id=aid, time=time.time(), max_sequence_id=max_seq),
                 on_delivery=report)
-        await acked
+        await self._acknowledged(acked, "the spans")
         for key, _, _ in batch:  # only spans on Kafka count as added: a failed call can be retried
             self._span_keys[key] = None
         while len(self._span_keys) > 200_000:
