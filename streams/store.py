@@ -84,9 +84,10 @@ class _Unset:
 UNSET: Any = _Unset()
 SortOrder = Literal["asc", "desc"]
 WORKER_WAIT_S = 10.0  # at most this long a write waits for its worker record
-# The store's producer: a call waits for its records, so a long linger would be pure latency; under load the
-# records of concurrent calls still share batches.
-STORE_LINGER_MS = 1
+# The store's producer: a call waits for its records, so any linger is pure latency (measured on the embedded
+# broker: acknowledged in 0.26 ms at linger 0, 1.4 ms at 1, 5.7 ms at 5); under load the records of concurrent
+# calls still share batches, queued while earlier requests are in flight.
+STORE_LINGER_MS = 0
 SPAN_HEARTBEAT_EVERY_S = 1.0  # spans count as heartbeats; one event per attempt this often is enough for the timers
 
 
