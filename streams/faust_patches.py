@@ -12,25 +12,32 @@
    event and take that as the end. (This replaces a one-record-per-batch producer, which made every produce a
    batch of its own, and the embedded broker's fetch cost grows with the batches in a partition.)
 
-3. **A short fetch wait** (embedded broker only). Faust builds its aiokafka consumer with a fixed 1.5 s fetch wait,
+3. **Other producers are flushed with Faust's** (every profile). A processor that sends its outputs through a
+   producer of its own (librdkafka: the sending happens off the event loop) registers it with
+   :func:`flush_with_faust`; Faust flushes its producer before it commits source offsets and when partitions are
+   revoked, and now the registered ones with it, so no offset is committed ahead of the outputs its events caused.
+
+4. **A short fetch wait** (embedded broker only). Faust builds its aiokafka consumer with a fixed 1.5 s fetch wait,
    which the embedded broker always waits out: every hop through a Faust agent would cost ~0.75 s.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from litstream.infra.kafka import read_partition_ends
 from litstream.infra.settings import Settings
 
 _applied: set[str] = set()
+_side_flushes: list[Callable[[], Awaitable[None]]] = []
 
 
 def apply(settings: Settings) -> None:
     """Apply the corrections this settings' profile needs (each once per process)."""
     _complete_buffer_flush()
+    _side_producers_flushed()
     if settings.profile == "local":
         _short_fetch_wait(settings.local_fetch_wait_ms)
         _true_changelog_ends(settings)
@@ -64,6 +71,27 @@ def _complete_buffer_flush() -> None:
     ProducerBuffer._send_pending = counted_send  # type: ignore[method-assign]
     ProducerBuffer.flush = flush_all  # type: ignore[method-assign]
     _applied.add("flush")
+
+
+def flush_with_faust(flush: Callable[[], Awaitable[None]]) -> None:
+    """Await ``flush()`` whenever Faust's producer flushes (before each offset commit; see 3. above)."""
+    _side_flushes.append(flush)
+
+
+def _side_producers_flushed() -> None:
+    if "side-flush" in _applied:
+        return
+    from faust.transport.drivers.aiokafka import Producer
+
+    flush = Producer.flush
+
+    async def flush_all_producers(self: Any) -> None:
+        await flush(self)
+        for side in list(_side_flushes):
+            await side()
+
+    Producer.flush = flush_all_producers  # type: ignore[method-assign]
+    _applied.add("side-flush")
 
 
 def _short_fetch_wait(wait_ms: int) -> None:

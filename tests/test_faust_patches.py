@@ -1,4 +1,5 @@
-"""The corrections to Faust (streams/faust_patches.py): a commit's flush drains the changelog buffer, and the
+"""The corrections to Faust (streams/faust_patches.py): a commit's flush drains the changelog buffer and the
+processors' own producers, and the
 changelog end is read, not taken from the embedded broker's ListOffsets."""
 
 from __future__ import annotations
@@ -68,3 +69,25 @@ def test_a_flush_returns_only_when_every_buffered_message_is_sent() -> None:
 
     sent, left = asyncio.run(scenario())
     assert (sent, left) == (3, 0)
+
+
+def test_a_flush_of_fausts_producer_flushes_the_registered_producers_after_it() -> None:
+    from faust.transport.drivers.aiokafka import Producer
+
+    faust_patches.apply(Settings(profile="production"))
+    order: list[str] = []
+
+    class _Buffer:
+        async def flush(self) -> None:
+            order.append("faust")
+
+    async def side() -> None:
+        order.append("side")
+
+    faust_patches.flush_with_faust(side)
+    try:
+        faust_producer = SimpleNamespace(buffer=_Buffer(), _producer=None, _transaction_producers={})
+        asyncio.run(Producer.flush(faust_producer))  # type: ignore[arg-type]
+    finally:
+        faust_patches._side_flushes.remove(side)
+    assert order == ["faust", "side"]  # before every commit: the outputs are sent before the offsets move
