@@ -336,9 +336,13 @@ class LitStore:
             raise StoreError(f"the broker did not acknowledge {what} within {self.wait_s:.0f}s; is it up? "
                              "(litstream status)") from None
 
-    async def _until(self, view: TopicFollower, predicate: Callable[[], T | None], timeout: float) -> T | None:
-        """``predicate()`` once it has an answer after a batch of ``view``, or None when the time is up."""
+    async def _until(self, view: TopicFollower, predicate: Callable[[], T | None], timeout: float,
+                     sent: tuple[str, Any] | None = None) -> T | None:
+        """``predicate()`` once it has an answer after a batch of ``view``, or None when the time is up. With
+        ``sent`` (topic, record), the record is produced first, and its refusal by the broker ends the wait."""
         fut = view.until(predicate)
+        if sent is not None:
+            self.events.send(sent[0], sent[1], on_delivery=_fail_on_error(fut))
         try:
             return await asyncio.wait_for(asyncio.wrap_future(fut), timeout)
         except TimeoutError:
@@ -853,9 +857,8 @@ class LitStore:
         now = time.time()
         event = ResourcesPublished(**self.events.factory.stamp(), resources_id=resources_id, version=1,
                                    create_time=now, update_time=now, resources=to_records(resources))
-        self.events.send(self.events.topics.resources, event)
         seen = await self._until(self.resources, lambda: True if event.event_id in self.resources.seen_events else None,
-                                 self.wait_s)
+                                 self.wait_s, sent=(self.events.topics.resources, event))
         if seen is None:
             raise StoreError("the resources topic did not return the update in time")
         return self.resources.state.by_id[resources_id]
@@ -880,9 +883,8 @@ class LitStore:
                               stats: dict[str, Any] | None = None) -> WorkerObserved:
         event = WorkerObserved(**self.events.factory.stamp(), worker_id=worker_id, time=time.time(), kind=kind,
                                heartbeat_stats=stats)
-        self.events.send(self.events.topics.workers, event)
         await self._until(self.workers, lambda: True if event.event_id in self.workers.seen_events else None,
-                          self.wait_s)
+                          self.wait_s, sent=(self.events.topics.workers, event))
         return event
 
     async def update_worker(self, worker_id: str, heartbeat_stats: Any = UNSET) -> Worker:

@@ -1,7 +1,7 @@
 """Live read models: a background thread follows a topic and folds it into memory, so reads are local.
 
-Each view also answers "has my write been applied yet?" (read-your-writes): writers wait on a condition the
-follower signals after every batch.
+Each view also answers "has my write been applied yet?" (read-your-writes): writers wait on a future the
+follower settles after a batch shows the write (:meth:`TopicFollower.until`).
 """
 
 from __future__ import annotations
@@ -69,26 +69,21 @@ class TopicFollower:
                         continue
                     self.on_record(record)
                 self._batches += 1
-                self.changed.notify_all()
                 if self._watchers:
                     self._watchers = [w for w in self._watchers if not _settled(*w)]
 
     def wait_for(self, predicate: Callable[[], T | None], timeout: float) -> T | None:
-        """Block until ``predicate()`` returns something (checked after every batch) or the time is up."""
-        deadline = time.monotonic() + timeout
-        with self.changed:
-            while True:
-                found = predicate()
-                if found is not None:
-                    return found
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
-                self.changed.wait(left)
+        """Block until ``predicate()`` returns something (checked now and after every batch) or the time is up."""
+        fut = self.until(predicate)
+        try:
+            return fut.result(timeout)
+        except TimeoutError:
+            fut.cancel()
+            return None
 
     def until(self, predicate: Callable[[], T | None]) -> Future[T]:
-        """A future of the first non-None ``predicate()``, checked now and after every batch: the waiting of
-        :meth:`wait_for` without a thread held for it (cancel the future to stop checking)."""
+        """A future of the first non-None ``predicate()``, checked now and after every batch; no thread is held
+        for it (cancel the future to stop checking). Async callers await it, :meth:`wait_for` blocks on it."""
         fut: Future[T] = Future()
         with self.changed:
             if not _settled(predicate, fut):
