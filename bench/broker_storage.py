@@ -8,7 +8,7 @@ a restart of every process, and whether two members of one group (confluent-kafk
 partitions. Candidates whose program is not installed are reported as such, not failed:
 - Tansu ``memory://`` (today's ephemeral mode);
 - Tansu ``s3://`` over moto (in memory: survives a broker restart only), s3rver (files) and local-s3-server (files);
-- noida-db 0.2.2 (the durable default; 0.2.3 needs glibc 2.39, Debian 12 has 2.36).
+- noida-db 0.2.2 (the opt-in durable log; 0.2.3 has the same limits, docs/durable-log.md).
 """
 
 from __future__ import annotations

@@ -133,7 +133,7 @@ def noida_binary() -> str:
 
 
 MIN_SESSION_TIMEOUT_MS = 6000  # noida-db's group.min.session.timeout.ms, as Apache Kafka's default
-NOIDA_VERSION = "0.2.2"  # 0.2.3's binary needs glibc 2.39 (Debian 12 has 2.36)
+NOIDA_VERSION = "0.2.2"  # 0.2.3 runs too and has the same two limits (docs/durable-log.md)
 
 
 class NoidaBroker(EmbeddedBroker):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -14,6 +15,7 @@ from litstream.schemas.events import AvroModel, EventFactory
 
 log = logging.getLogger("litstream.producer")
 POLL_EVERY = 64
+SEND_NOW_WINDOW_S = 0.002  # how long one send_now keeps the producer sending without linger
 
 
 class EventProducer:
@@ -29,6 +31,8 @@ class EventProducer:
         self._producer = producer(settings, **producer_overrides)
         self._unpolled = 0  # records produced since the last poll (a race between threads only shifts a poll)
         self._closed = False
+        self._send_now = threading.Event()
+        self._sender: threading.Thread | None = None
 
     @property
     def producer_id(self) -> str:
@@ -67,6 +71,28 @@ class EventProducer:
             self._unpolled = 0
             self._producer.poll(0)
 
+    def send_now(self) -> None:
+        """Send what is queued without waiting out ``linger.ms``, off the caller's thread (it returns at once).
+
+        With a long linger this is group commit: while a caller has more input at hand its records wait and batch
+        (fewer, larger batches: the embedded broker's cost grows with the batches it holds), and when the input
+        runs dry it calls this, so the last records do not wait for the linger. librdkafka sends at once while a
+        flush is in progress, so a helper thread flushes for a moment; errors surface at the next ``flush``. Best
+        effort: a record that cannot leave within that moment (its partition still unknown) waits out the linger.
+        """
+        if self._sender is None:
+            self._sender = threading.Thread(target=self._send_when_asked, name="send-now", daemon=True)
+            self._sender.start()
+        self._send_now.set()
+
+    def _send_when_asked(self) -> None:
+        while True:
+            self._send_now.wait()
+            self._send_now.clear()
+            if self._closed:
+                return
+            self._producer.flush(SEND_NOW_WINDOW_S)
+
     def _reporter(self, on_delivery: Any) -> Any:
         def report(err: Any, msg: Any) -> None:
             self._on_delivery(err, msg)
@@ -88,6 +114,9 @@ class EventProducer:
             return
         self.flush()
         self._closed = True
+        self._send_now.set()  # the helper thread, if any, sees the close and ends
+        if self._sender is not None:
+            self._sender.join(timeout=5)
         close = getattr(self._producer, "close", None)  # confluent-kafka >= 2.13
         if close is not None:
             close()

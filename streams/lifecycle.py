@@ -55,7 +55,10 @@ LIFECYCLE_EVENTS = (RolloutEnqueued, RolloutStatusChanged, AttemptStarted, Attem
                     RolloutUpdated, AttemptUpdated, SequenceRequested)
 ROLE = "lifecycle"
 TICK_S = 0.1  # timer resolution: a deadline is seen at most this late (plus the trip through the log)
-OUTPUT_LINGER_MS = 1  # a reader waits for each snapshot; a short linger still batches a busy moment
+# Outputs wait (and batch) up to this long while the source partition has more events to fold, and go out at once
+# when it has none (EventProducer.send_now): a reader waits for each snapshot, and the embedded broker spends CPU
+# per batch it stores and serves.
+OUTPUT_LINGER_MS = 5
 STATE_CACHE_SIZE = 50_000  # rollout states kept as objects (about 2-5 kB each)
 REINDEX_EVERY_S = 30.0  # a full re-index now and then, in case a rebalance slipped between ticks
 # RocksDB sizes per table partition (one database each): what bounds the processor's memory with that store.
@@ -159,6 +162,16 @@ class LifecycleProcessor:
         async for event in stream.events():
             msg = event.message
             await self.handle(msg.key, msg.value, msg.topic, msg.partition, msg.offset)
+            if self._read_to_end(msg):  # nothing more at hand: what this burst produced goes out now
+                self.outputs.send_now()
+
+    def _read_to_end(self, msg: Any) -> bool:
+        """Whether ``msg`` is the last record of its partition that the latest fetch knew of."""
+        try:
+            end = self.app.consumer.highwater(msg.tp)
+        except Exception:  # noqa: BLE001 - no fetch position (a rebalance): treat as the end
+            return True
+        return end is None or msg.offset + 1 >= end
 
     async def handle(self, key: bytes | None, value: bytes | None, topic: str, partition: int, offset: int) -> None:
         def dead(reason: str, kind: str) -> DeadLetter:
