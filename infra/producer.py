@@ -28,6 +28,7 @@ class EventProducer:
         self.codec = codec or default_codec(settings.schema_registry_url)
         self.factory = EventFactory(settings.producer_id, role=role)
         self._errors: list[str] = []
+        self._errors_lock = threading.Lock()  # delivery reports are served on whichever thread polls or flushes
         self._producer = producer(settings, **producer_overrides)
         self._unpolled = 0  # records produced since the last poll (a race between threads only shifts a poll)
         self._closed = False
@@ -40,7 +41,8 @@ class EventProducer:
 
     def _on_delivery(self, err: Any, msg: Any) -> None:
         if err is not None:
-            self._errors = [*self._errors[-99:], f"{msg.topic()}: {err}"]  # the newest, for the next flush
+            with self._errors_lock:
+                self._errors = [*self._errors[-99:], f"{msg.topic()}: {err}"]  # the newest, for the next flush
             log.error("delivery to %s failed: %s", msg.topic(), err)
 
     def send(self, topic: str, record: AvroModel, on_delivery: Any = None) -> None:
@@ -102,8 +104,9 @@ class EventProducer:
 
     def flush(self, timeout: float = 30.0) -> None:
         flush_or_raise(self._producer, timeout)
-        if self._errors:
+        with self._errors_lock:
             errors, self._errors = self._errors, []
+        if errors:
             raise RuntimeError(f"{len(errors)} events were not delivered: {errors[:3]}")
 
     def close(self) -> None:
