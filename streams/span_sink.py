@@ -34,6 +34,11 @@ from .sink_tables import EVENTS_TABLE, SPANS_TABLE, TRIPLETS_TABLE, SinkBatch, s
 log = logging.getLogger("litstream.span_sink")
 ROLE = "span-sink"
 PREFETCH_KB = 32 * 1024  # librdkafka's pre-fetched messages, per consumer: the other half of the memory bound
+# The sink inserts in batches (every max_wait_s or batch_size records), so it fetches in bulk too: a fetch waits for
+# this many bytes or this long. Without it the sink fetched each record as it arrived, and a fetch that finds data
+# costs the embedded broker CPU in proportion to the batches its partition holds (docs/benchmarks.md).
+FETCH_MIN_BYTES = 1 << 20
+FETCH_WAIT_MS = 100
 
 
 class SpanSink:
@@ -52,7 +57,8 @@ class SpanSink:
         self.stats = {"inserted": 0, "events": 0, "triplets": 0, "dead_letters": 0, "undecodable": 0,
                       "batches": 0}
         self._consumer = consumer(settings, group_id=f"{settings.topic_prefix}-span-sink",
-                                  **{"queued.max.messages.kbytes": PREFETCH_KB})
+                                  **{"queued.max.messages.kbytes": PREFETCH_KB, "fetch.min.bytes": FETCH_MIN_BYTES,
+                                     "fetch.wait.max.ms": FETCH_WAIT_MS})
         self._dlq = producer(settings)
 
     def serve_api(self, host: str = "127.0.0.1", port: int = 0) -> str:
