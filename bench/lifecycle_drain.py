@@ -1,0 +1,76 @@
+"""The lifecycle processor alone, draining a backlog: events/s, and the CPU it and the embedded broker spend.
+
+``--rollouts`` rollouts are enqueued (``enqueue_many_rollouts``, batches of 500) before the processor starts; the
+clock runs from the processor being ready until a fresh store's view shows every rollout ``queuing`` (each enqueue
+folded, its snapshot and offer written). CPU-seconds of the broker and the processor come from /proc.
+(docs/benchmarks.md, "Group commit of the processor's outputs ...")
+
+    python -m litstream.bench.lifecycle_drain [--rollouts 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+from litstream.app.stack import Stack
+from litstream.schemas.models import EnqueueRolloutRequest
+from litstream.streams.store import LitStore
+
+from .agent_loop import _broker_pid
+from .broker_cost import cpu_seconds
+from .lifecycle import broker_settings
+
+
+class _Steps:
+    """The part of the benchmarks' context that broker_settings uses."""
+
+    def step(self, text: str) -> None:
+        print(f"- {text}", flush=True)
+
+
+async def enqueue(settings: Any, rollouts: int) -> None:
+    store = LitStore(settings)
+    try:
+        requests = [EnqueueRolloutRequest(input={"task": i}, mode="train") for i in range(rollouts)]
+        for i in range(0, rollouts, 500):
+            await store.enqueue_many_rollouts(requests[i:i + 500])
+    finally:
+        await store.close()
+
+
+async def wait_folded(settings: Any, rollouts: int) -> None:
+    """Until a view that never enqueued anything shows every rollout on offer (the processor's snapshots)."""
+    store = LitStore(settings)
+    try:
+        await store.wait_until_ready()
+        while sum(1 for s in list(store.rollouts.snapshots.values()) if s.status == "queuing") < rollouts:
+            await asyncio.sleep(0.05)
+    finally:
+        await store.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rollouts", type=int, default=10_000)
+    args = ap.parse_args(argv)
+    with broker_settings(_Steps(), "drain") as settings:  # type: ignore[arg-type]
+        asyncio.run(enqueue(settings, args.rollouts))
+        with Stack(settings) as stack:
+            stack.start("lifecycle", "process", "lifecycle")
+            stack.wait_ready("lifecycle", "lifecycle")
+            pids = {"broker": _broker_pid(settings), "lifecycle": stack.roles["lifecycle"].proc.pid}
+            before = {name: cpu_seconds(pid) for name, pid in pids.items() if pid is not None}
+            start = time.perf_counter()
+            asyncio.run(wait_folded(settings, args.rollouts))
+            seconds = time.perf_counter() - start
+            spent = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items() if pid is not None}
+    cpu = ", ".join(f"{name} {s:.2f}" for name, s in spent.items())
+    print(f"folded {args.rollouts:,} enqueues in {seconds:.2f} s: {args.rollouts / seconds:,.0f} events/s; "
+          f"CPU-seconds {cpu}")
+
+
+if __name__ == "__main__":
+    main()
