@@ -14,17 +14,16 @@ Reported: rollouts/s per agent count, and p50/p90 of every call kind (the same c
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from litstream.app.stack import Stack
 from litstream.infra.broker import free_port
 
-from .broker_cost import cpu_seconds
 from .harness import Context, Report, Row
 from .kafka_codec import span_variants
-from .lifecycle import AGL, agl_baseline, broker_settings
+from .lifecycle import AGL, agl_baseline, embedded_broker
+from .processes import cpu_of
 
 TITLE = "the stock client's agent loop (enqueue -> dequeue -> 10 spans -> succeeded), gateway vs Agent Lightning 0.3.0"
 
@@ -69,30 +68,6 @@ def _rows(prefix: str, sizes: Sizes, result: dict[str, Any]) -> list[Row]:
     return rows
 
 
-def _broker_pid(settings: Any) -> int | None:
-    """The embedded broker serving ``settings`` (the process listening on its bootstrap address)."""
-    url = f"tcp://{settings.bootstrap_servers}"
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                args = f.read().split(b"\0")
-        except OSError:
-            continue
-        if url.encode() in args and b"broker" in args:
-            return int(pid)
-    return None
-
-
-def _cpu(pids: dict[str, int]) -> dict[str, float]:
-    got = {}
-    for name, pid in pids.items():
-        try:
-            got[name] = cpu_seconds(pid)
-        except OSError:
-            pass
-    return got
-
-
 def _cpu_note(before: dict[str, float], after: dict[str, float]) -> str:
     spent = ", ".join(f"{name} {after[name] - before[name]:.1f}" for name in before if name in after)
     return f"CPU-seconds of each process over both agent counts: {spent}"
@@ -102,15 +77,14 @@ def run(ctx: Context) -> Report:
     sizes = QUICK if ctx.quick else FULL
     rows: list[Row] = []
     params: dict[str, Any] = {**asdict(sizes), "rate": "rollouts/s"}
-    with broker_settings(ctx, "agent_loop") as settings, Stack(settings) as stack:
+    with embedded_broker(ctx, "agent_loop") as (broker, settings), Stack(settings) as stack:
         ctx.step("starting the lifecycle processor, the span sink and the gateway")
         url = stack.start_store(free_port())
-        pids = {name: role.proc.pid for name, role in stack.roles.items()}
-        if (broker := _broker_pid(settings)) is not None:
-            pids["broker"] = broker
-        before = _cpu(pids)
+        assert broker.proc is not None
+        pids = {"broker": broker.proc.pid, **{name: role.proc.pid for name, role in stack.roles.items()}}
+        before = cpu_of(pids)
         lit, missing = agl_baseline(ctx, _config(sizes, url), _labels(LIT, sizes))
-        cpu_note = _cpu_note(before, _cpu(pids))
+        cpu_note = _cpu_note(before, cpu_of(pids))
     if lit is None:
         rows += missing or [Row(label, note="skipped (--no-agl: the stock client lives in the Agent Lightning venv)")
                             for label in _labels(LIT, sizes)]

@@ -11,7 +11,6 @@ broker's CPU time comes from /proc. Then the same after many more one-record bat
 from __future__ import annotations
 
 import argparse
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -22,14 +21,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from litstream.infra.broker import EmbeddedBroker
 
+from .processes import cpu_seconds
+
 PARTITIONS = 4
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process, from /proc."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @contextmanager
@@ -59,12 +53,12 @@ def tailing(bootstrap: str, topic: str, readers: int) -> Iterator[None]:
 def cost_per_record(broker: EmbeddedBroker, producer: Producer, topic: str, records: int) -> float:
     """Microseconds of broker CPU per record, each record produced and acknowledged on its own."""
     assert broker.proc is not None
-    before = cpu_seconds(broker.proc.pid)
+    before = cpu_seconds(broker.proc.pid) or 0.0
     for i in range(records):
         producer.produce(topic, key=str(i).encode(), value=b"x" * 300)
         producer.flush()
         time.sleep(0.001)
-    return 1e6 * (cpu_seconds(broker.proc.pid) - before) / records
+    return 1e6 * ((cpu_seconds(broker.proc.pid) or 0.0) - before) / records
 
 
 def main(argv: list[str] | None = None) -> None:

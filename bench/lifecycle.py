@@ -35,7 +35,7 @@ AGL = AGL_REQUIREMENT.replace("==", " ")  # "agentlightning 0.3.0", the prefix o
 
 
 @contextmanager
-def broker_settings(ctx: Context, name: str) -> Iterator[Settings]:
+def embedded_broker(ctx: Context, name: str) -> Iterator[tuple[EmbeddedBroker, Settings]]:
     """An embedded broker of this benchmark's own, the catalogue's topics created, and a scratch data dir."""
     with tempfile.TemporaryDirectory(prefix=f"litstream-bench-{name}-", ignore_cleanup_errors=True) as tmp:
         data = Path(tmp)
@@ -44,7 +44,14 @@ def broker_settings(ctx: Context, name: str) -> Iterator[Settings]:
             settings = Settings(bootstrap_servers=broker.bootstrap, partitions=PARTITIONS, data_dir=data / "data",
                                 topic_prefix=f"bench-{name.replace('_', '-')}-{secrets.token_hex(3)}")
             create_topics(settings)
-            yield settings
+            yield broker, settings
+
+
+@contextmanager
+def broker_settings(ctx: Context, name: str) -> Iterator[Settings]:
+    """The settings of :func:`embedded_broker`, for benchmarks that need only them."""
+    with embedded_broker(ctx, name) as (_, settings):
+        yield settings
 
 
 @contextmanager

@@ -19,9 +19,8 @@ from litstream.app.stack import Stack
 from litstream.schemas.models import EnqueueRolloutRequest
 from litstream.streams.store import LitStore
 
-from .agent_loop import _broker_pid
-from .broker_cost import cpu_seconds
-from .lifecycle import broker_settings
+from .lifecycle import embedded_broker
+from .processes import cpu_of
 
 
 class _Steps:
@@ -56,18 +55,19 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rollouts", type=int, default=10_000)
     args = ap.parse_args(argv)
-    with broker_settings(_Steps(), "drain") as settings:  # type: ignore[arg-type]
+    with embedded_broker(_Steps(), "drain") as (broker, settings):  # type: ignore[arg-type]
         asyncio.run(enqueue(settings, args.rollouts))
         with Stack(settings) as stack:
             stack.start("lifecycle", "process", "lifecycle")
             stack.wait_ready("lifecycle", "lifecycle")
-            pids = {"broker": _broker_pid(settings), "lifecycle": stack.roles["lifecycle"].proc.pid}
-            before = {name: cpu_seconds(pid) for name, pid in pids.items() if pid is not None}
+            assert broker.proc is not None
+            pids = {"broker": broker.proc.pid, "lifecycle": stack.roles["lifecycle"].proc.pid}
+            before = cpu_of(pids)
             start = time.perf_counter()
             asyncio.run(wait_folded(settings, args.rollouts))
             seconds = time.perf_counter() - start
-            spent = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items() if pid is not None}
-    cpu = ", ".join(f"{name} {s:.2f}" for name, s in spent.items())
+            after = cpu_of(pids)
+    cpu = ", ".join(f"{name} {after[name] - before[name]:.2f}" for name in before if name in after)
     print(f"folded {args.rollouts:,} enqueues in {seconds:.2f} s: {args.rollouts / seconds:,.0f} events/s; "
           f"CPU-seconds {cpu}")
 

@@ -56,6 +56,7 @@ from litstream.workers.sdk import AttemptContext
 
 from .harness import RESULTS_DIR, Context, Report, Row
 from .lifecycle import PARTITIONS
+from .processes import cpu_of, rss_of
 
 TITLE = "soak: rollouts and spans through the embedded stack; RSS of every process, consumer lag back to zero, loss"
 
@@ -116,45 +117,6 @@ def soak_agent(task: dict[str, Any], ctx: AttemptContext) -> float:
 
 
 # --- measuring ----------------------------------------------------------------------------------------------
-
-
-def _cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of a process and its children (psutil, else /proc/<pid>/stat); for this process,
-    its own only (the stack's processes are its children)."""
-    try:
-        import psutil
-    except ImportError:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, IndexError, ValueError):
-            return None
-    try:
-        proc = psutil.Process(pid)
-        procs = [proc, *(proc.children(recursive=True) if pid != os.getpid() else [])]
-        return float(sum(p.cpu_times().user + p.cpu_times().system for p in procs))
-    except psutil.Error:
-        return None
-
-
-def _rss_bytes(pid: int) -> int | None:
-    """RSS of a process and its children (psutil if installed, else /proc/<pid>/status VmRSS)."""
-    try:
-        import psutil
-    except ImportError:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-        except OSError:
-            return None
-        return None
-    try:
-        proc = psutil.Process(pid)
-        children = proc.children(recursive=True) if pid != os.getpid() else []
-        return int(proc.memory_info().rss + sum(c.memory_info().rss for c in children))
-    except psutil.Error:
-        return None
 
 
 class Ends:
@@ -474,8 +436,8 @@ def _settle(ctx: Context, probes: _Probes, sizes: Sizes, result: SoakResult) -> 
         lag = {name: g.lag(exact) for name, g in probes.lags.items()}
         stored = _count(probes.settings, "SELECT count() FROM spans")
         result.samples.append(Sample(time.monotonic() - probes.start, probes.enqueued, probes.finished.finished,
-                                     stored, _rss(probes.pids), {k: sum(v.values()) for k, v in lag.items()},
-                                     _cpu(probes.pids)))
+                                     stored, rss_of(probes.pids), {k: sum(v.values()) for k, v in lag.items()},
+                                     cpu_of(probes.pids)))
         if all(v == 0 for per in lag.values() for v in per.values()) and stored >= expected_spans:
             break
         if time.monotonic() - settle_start > sizes.settle_s:
@@ -541,19 +503,6 @@ def soak(ctx: Context, sizes: Sizes, results_dir: Path) -> SoakResult:
     return result
 
 
-def _cpu(pids: dict[str, int]) -> dict[str, float]:
-    return {name: cpu for name, pid in pids.items() if (cpu := _cpu_seconds(pid)) is not None}
-
-
-def _rss(pids: dict[str, int]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for name, pid in pids.items():
-        rss = _rss_bytes(pid)
-        if rss is not None:
-            out[name] = rss / 2**20
-    return out
-
-
 def _sample(settings: Settings, t: float, enqueued: int, finished: int, pids: dict[str, int], ends: Ends,
             lags: dict[str, GroupLag]) -> Sample:
     ends.update(0.5)
@@ -562,7 +511,7 @@ def _sample(settings: Settings, t: float, enqueued: int, finished: int, pids: di
         stored = _count(settings, "SELECT count() FROM spans")
     except Exception:  # noqa: BLE001 - a busy sink answers late: the figure is for progress only
         stored = -1
-    return Sample(t, enqueued, finished, stored, _rss(pids), lag, _cpu(pids))
+    return Sample(t, enqueued, finished, stored, rss_of(pids), lag, cpu_of(pids))
 
 
 def _plot(result: SoakResult, results_dir: Path) -> str | None:
