@@ -23,6 +23,7 @@ import fastavro
 from fastavro.schema import load_schema, to_parsing_canonical_form
 from pydantic import ValidationError
 
+from . import avro_fast
 from .events import BY_NAME, AvroModel
 
 AVRO_DIR = Path(__file__).parent / "avro"
@@ -141,23 +142,39 @@ class Codec:
         for name, schema in (writers or {}).items():
             fp = self.store.register(schema)
             self._writers[name] = (self.store.writer(fp), SINGLE_OBJECT_MAGIC + fp)
+        # The compiled programs, per record name, where writer and reader are this code's schema; fastavro for
+        # the rest (another version on either side, or no compiled extension).
+        self._compiled: dict[str, avro_fast.Compiled] = {}
+        for name, parsed in self.store.readers.items():
+            if self._writers[name][0] is parsed and self._readers[name] is parsed:
+                compiled = _compiled_of(name, parsed)
+                if compiled is not None:
+                    self._compiled[name] = compiled
 
     # -- encoding --
     def encode(self, record: AvroModel) -> bytes:
-        return self.encode_record(type(record).avro_name, record.to_wire_record())  # type: ignore[attr-defined]
+        name: str = type(record).avro_name  # type: ignore[attr-defined]
+        compiled = self._compiled.get(name)
+        if compiled is not None:
+            return compiled.encode(record, self._header(name))
+        return self.encode_record(name, record.to_wire_record())
+
+    def _header(self, name: str) -> bytes:
+        if self.registry is not None:
+            schema_id = self.registry.register(name, to_parsing_canonical_form(self._writers[name][0]))
+            return struct.pack(">bI", CONFLUENT_MAGIC, schema_id)
+        return self._writers[name][1]
 
     def encode_record(self, name: str, record: dict[str, Any]) -> bytes:
         """Encode an Avro record of type ``name`` that was built directly, without a model: for producers whose
         input is already typed (the OTel exporter's spans). The builder owns the checks a model would make;
         fastavro's writer still refuses a value its schema type cannot hold."""
-        schema, header = self._writers[name]
+        compiled = self._compiled.get(name)
+        if compiled is not None:
+            return compiled.encode(record, self._header(name))
         buf = io.BytesIO()
-        if self.registry is not None:
-            schema_id = self.registry.register(name, to_parsing_canonical_form(schema))
-            buf.write(struct.pack(">bI", CONFLUENT_MAGIC, schema_id))
-        else:
-            buf.write(header)
-        fastavro.schemaless_writer(buf, schema, record)
+        buf.write(self._header(name))
+        fastavro.schemaless_writer(buf, self._writers[name][0], record)
         return buf.getvalue()
 
     # -- decoding --
@@ -184,6 +201,14 @@ class Codec:
         raise DecodeError(f"not a litstream Avro message (first bytes {data[:4].hex() or 'empty'})")
 
     def decode(self, data: bytes | None) -> AvroModel:
+        compiled, name, offset = self._locate(data)
+        if compiled is not None and data is not None:
+            try:
+                return compiled.decode_model(data, offset)  # type: ignore[no-any-return]
+            except avro_fast.AvroError as exc:
+                raise DecodeError(f"corrupt {name} body: {exc}") from None
+            except (ValueError, TypeError) as exc:  # e.g. a JSON field that is not JSON
+                raise DecodeError(f"invalid {name}: {type(exc).__name__}: {exc}") from None
         cls, name, rec = self._read(data)
         try:
             return cls.from_record(rec)
@@ -195,10 +220,30 @@ class Codec:
     def decode_record(self, data: bytes | None, cls: type[AvroModel]) -> dict[str, Any]:
         """The Avro record itself (a dict, JSON fields still strings), no model: for consumers that only move
         the data on (the sink's columns), where building models would be most of the work."""
+        compiled, name, offset = self._locate(data)
+        if compiled is not None and data is not None:
+            if BY_NAME[name] is not cls:
+                raise DecodeError(f"expected {cls.__name__}, got {BY_NAME[name].__name__}")
+            try:
+                return compiled.decode_record(data, offset)
+            except avro_fast.AvroError as exc:
+                raise DecodeError(f"corrupt {name} body: {exc}") from None
         got, name, rec = self._read(data)
         if got is not cls:
             raise DecodeError(f"expected {cls.__name__}, got {got.__name__}")
         return rec
+
+    def _locate(self, data: bytes | None) -> tuple[avro_fast.Compiled | None, str, int]:
+        """The compiled program for a message written with this code's schema (None otherwise: the caller
+        takes fastavro's path, which also gives every header error), its record name, and the body's offset."""
+        if not data or not self._compiled:
+            return None, "", 0
+        if data[:2] == SINGLE_OBJECT_MAGIC and len(data) >= 10:
+            writer = self.store.writer(data[2:10])
+            name = _name_of(writer)
+            if writer is not None and self._readers.get(name) is writer:
+                return self._compiled.get(name), name, 10
+        return None, "", 0
 
     def _read(self, data: bytes | None) -> tuple[type[AvroModel], str, dict[str, Any]]:
         if not data:
@@ -234,6 +279,15 @@ def _first_error(exc: ValidationError) -> str:
 
 
 _STORE: SchemaStore | None = None
+_COMPILED: dict[tuple[str, int], avro_fast.Compiled | None] = {}
+
+
+def _compiled_of(name: str, parsed: Any) -> avro_fast.Compiled | None:
+    """One set of programs per schema object, shared by every codec that reads it."""
+    key = (name, id(parsed))
+    if key not in _COMPILED:
+        _COMPILED[key] = avro_fast.compile_record(parsed, BY_NAME[name])
+    return _COMPILED[key]
 
 
 def _default_store() -> SchemaStore:
