@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from .events import _nested
+from .events import _dumps, _nested
 
 try:
     from . import _avro
@@ -28,15 +28,12 @@ except ImportError:  # built without a C compiler: fastavro does all the work
 
 PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
 _MISSING = object()  # a field without an Avro default
+_loads = json.JSONDecoder().decode  # json.loads without its per-call checks (the wire holds str)
 
 
 def available() -> bool:
     """The extension was built, and this host stores floats as Avro does (little-endian)."""
     return _avro is not None and sys.byteorder == "little"
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 class Unsupported(Exception):
@@ -52,8 +49,8 @@ class Compiled:
         model_program = _Compiler(named, models=True).node(schema, cls)
         record_program = _Compiler(named, models=False).node(schema, None)
         assert _avro is not None
-        self._model = _avro.compile(model_program, _MISSING, _dumps, json.loads)
-        self._record = _avro.compile(record_program, _MISSING, _dumps, json.loads)
+        self._model = _avro.compile(model_program, _MISSING, _dumps, _loads)
+        self._record = _avro.compile(record_program, _MISSING, _dumps, _loads)
         self.encode: Callable[[Any, bytes], bytes] = self._model.encode  # a model or a record dict, header
 
     def decode_model(self, data: bytes, offset: int) -> Any:
