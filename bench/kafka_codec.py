@@ -29,12 +29,28 @@ from litstream.infra.settings import Settings
 from litstream.infra.topics import Topics
 from litstream.schemas.codec import Codec
 from litstream.schemas.events import (
+    BY_NAME,
+    AttemptHeartbeat,
+    AttemptSnapshot,
+    AttemptStarted,
+    AttemptStatusChanged,
+    AttemptUpdated,
+    AvroModel,
     AvroRolloutConfig,
     EventFactory,
+    NamedResourceRecord,
     ResourceRecord,
+    ResourcesPublished,
     RolloutEnqueued,
+    RolloutOffered,
+    RolloutSnapshot,
+    RolloutStatusChanged,
+    RolloutUpdated,
+    SequenceRequested,
     SpanEventRecord,
     SpanRecorded,
+    TripletEmitted,
+    WorkerObserved,
 )
 from litstream.schemas.models import new_attempt_id, new_resources_id, new_rollout_id
 
@@ -56,13 +72,14 @@ class Sizes:
     agl_rollouts: int
     agl_spans_per_rollout: int
     agl_batch: int
+    per_type: int  # records of each type in the every-type rows
 
 
 # Full: ~0.3-1 s per timed repeat, so that every row's repeats together stay well inside 2 minutes.
 FULL = Sizes(spans=20_000, enqueued=20_000, repeats=3, broker_repeats=5, broker_copies=3, agl_rollouts=50,
-             agl_spans_per_rollout=100, agl_batch=50)
+             agl_spans_per_rollout=100, agl_batch=50, per_type=5_000)
 QUICK = Sizes(spans=500, enqueued=500, repeats=1, broker_repeats=1, broker_copies=1, agl_rollouts=5,
-              agl_spans_per_rollout=50, agl_batch=50)
+              agl_spans_per_rollout=50, agl_batch=50, per_type=200)
 
 _WORDS = ("the a of to and in is that it for on with as was at by be this from or an are not have which "
           "number total each apples cost dollars left after more than twice half per day week she he they "
@@ -154,6 +171,82 @@ def build_enqueued(n: int, factory: EventFactory, seed: int = 11) -> list[Rollou
         start_time=time.time(), mode="train", resources_id=resources_id, config=config,
         metadata={"dataset": "gsm8k", "epoch": 1, "group_id": f"g-{i // 8}"},
     ) for i in range(n)]
+
+
+def build_other_types(n: int, factory: EventFactory, enqueued: RolloutEnqueued) -> dict[str, list[AvroModel]]:
+    """n records of each type besides spans and enqueues, with the contents the pipeline gives them: a triplet of
+    a few hundred tokens, a snapshot with its attempt, a resources update naming an LLM."""
+    rng = random.Random(13)
+    now = time.time()
+    out: dict[str, list[AvroModel]] = {}
+    for i in range(n):
+        rid, aid = new_rollout_id(), new_attempt_id()
+        meta = factory.meta(rid)
+        records: list[AvroModel] = [
+            RolloutStatusChanged(meta=meta, status="running", time=now),
+            AttemptStarted(meta=meta, attempt_id=aid, sequence_id=1, start_time=now, worker_id="runner-3"),
+            AttemptHeartbeat(meta=meta, attempt_id=aid, time=now, worker_id="runner-3", max_sequence_id=i % 10),
+            AttemptStatusChanged(meta=meta, attempt_id=aid, status="succeeded", time=now, worker_id="runner-3"),
+            RolloutUpdated(meta=meta, time=now, set_fields=["metadata"], metadata={"reward": 1.0, "note": "ok"}),
+            AttemptUpdated(meta=meta, attempt_id=aid, time=now, set_fields=["status"], status="running"),
+            SequenceRequested(meta=meta, attempt_id=aid, count=1),
+            ResourcesPublished(**factory.stamp(), resources_id=f"rs-{i}", version=i + 1, create_time=now,
+                               update_time=now, resources={"main_llm": NamedResourceRecord(
+                                   resource_type="llm", endpoint="http://127.0.0.1:8000/v1", model="policy",
+                                   sampling_parameters={"temperature": 0.7, "top_p": 0.95}, version=i + 1)}),
+            TripletEmitted(meta=meta, attempt_id=aid, group_id=f"g-{i // 8}", index=i % 8, policy_version="v3",
+                           prompt_token_ids=[rng.randrange(32_000) for _ in range(200)],
+                           response_token_ids=[rng.randrange(32_000) for _ in range(120)],
+                           response_logprobs=[-rng.random() for _ in range(120)],
+                           prompt_text=enqueued.input["question"], response_text=_text(rng, 300), reward=1.0,
+                           metadata={"dataset": "gsm8k"}),
+            RolloutOffered(meta=meta, attempt_sequence=1, input=enqueued.input, mode="train",
+                           resources_id=enqueued.resources_id, config=enqueued.config, metadata=enqueued.metadata),
+            RolloutSnapshot(rollout_id=rid, version=4, input=enqueued.input, start_time=now, mode="train",
+                            status="running", config=enqueued.config, metadata=enqueued.metadata,
+                            attempts=[AttemptSnapshot(attempt_id=aid, sequence_id=1, start_time=now,
+                                                      status="running", worker_id="runner-3",
+                                                      last_heartbeat_time=now)],
+                            updated_ns=time.time_ns(), last_event_id=meta.event_id,
+                            last_producer_id=meta.producer_id, last_producer_seq=meta.producer_seq,
+                            next_sequence_id=11),
+            WorkerObserved(**factory.stamp(), worker_id="runner-3", time=now, kind="attempt", status="busy",
+                           rollout_id=rid, attempt_id=aid),
+        ]
+        for record in records:
+            out.setdefault(type(record).avro_name, []).append(record)  # type: ignore[attr-defined]
+    return out
+
+
+def every_type_rows(others: dict[str, list[AvroModel]], spans: list[SpanRecorded],
+                    enqueued: list[RolloutEnqueued], codec: Codec, repeats: int) -> list[Row]:
+    """The slowest record type's encode and decode rate (the codec target holds for every type)."""
+    by_type: dict[str, list[AvroModel]] = {**others, SpanRecorded.avro_name: list(spans),
+                                           RolloutEnqueued.avro_name: list(enqueued)}
+    missing = set(BY_NAME) - set(by_type)
+    if missing:
+        raise RuntimeError(f"no benchmark records of {sorted(missing)}")
+    rates: dict[str, tuple[float, float]] = {}
+    for name, records in by_type.items():
+        blobs = [codec.encode(r) for r in records]
+
+        def encode_all(records: list[AvroModel] = records) -> None:
+            for record in records:
+                codec.encode(record)
+
+        def decode_all(blobs: list[bytes] = blobs) -> None:
+            for blob in blobs:
+                codec.decode(blob)
+
+        rates[name] = (len(records) / statistics.median(repeat(encode_all, repeats)),
+                       len(blobs) / statistics.median(repeat(decode_all, repeats)))
+    rows = []
+    for i, verb in enumerate(("encode", "decode")):
+        name, rate = min(((n, r[i]) for n, r in rates.items()), key=lambda item: item[1])
+        fastest = max(r[i] for r in rates.values())
+        rows.append(Row(f"codec {verb}, slowest of {len(rates)} record types", rate, None, len(by_type[name]),
+                        f"{name.removeprefix('litstream.')}; the fastest type {fastest:,.0f}/s"))
+    return rows
 
 
 # --- the rows -----------------------------------------------------------------------------------------------
@@ -343,7 +436,10 @@ def run(ctx: Context) -> Report:
     ctx.step("codec")
     span_rows, span_values = codec_rows("SpanRecorded", spans, codec, sizes.repeats)
     enq_rows, _ = codec_rows("RolloutEnqueued", enqueued, codec, sizes.repeats)
-    rows = span_rows + enq_rows + broker_rows(ctx, sizes, spans, span_values, enqueued[0])
+    ctx.step(f"codec, every record type ({sizes.per_type:,} of each)")
+    others = build_other_types(sizes.per_type, factory, enqueued[0])
+    type_rows = every_type_rows(others, spans[:sizes.per_type], enqueued[:sizes.per_type], codec, sizes.repeats)
+    rows = span_rows + enq_rows + type_rows + broker_rows(ctx, sizes, spans, span_values, enqueued[0])
     more_rows, extra = agl_rows(ctx, sizes, variants)
     params = {**asdict(sizes), "partitions": PARTITIONS, "rollouts": ROLLOUTS, "variants": VARIANTS,
               "mb": "1e6 bytes of Avro-encoded values (keys and headers not counted)", **extra}

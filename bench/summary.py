@@ -28,6 +28,8 @@ FIGURES: tuple[Figure, ...] = (
     Figure("codec decode SpanRecorded (events/s)", "codec decode SpanRecorded", None, min_rate=200_000),
     Figure("codec encode RolloutEnqueued (events/s)", "codec encode RolloutEnqueued", None, min_rate=200_000),
     Figure("codec decode RolloutEnqueued (events/s)", "codec decode RolloutEnqueued", None, min_rate=200_000),
+    Figure("codec encode, slowest record type (events/s)", "codec encode, slowest of", None, min_rate=200_000),
+    Figure("codec decode, slowest record type (events/s)", "codec decode, slowest of", None, min_rate=200_000),
     Figure("replay (events/s; reference: the same operations through its API)", "litstream replay (",
            f"{AGL} InMemory: apply the same operations", min_rate=100_000),
     Figure("stock client's agent loop, 16 agents (rollouts/s)", "litstream agent loop (stock LightningStoreClient "

@@ -420,8 +420,36 @@ static int encode(Writer *w, Node *n, PyObject *v) {
         int rc = 0;
         if (size > 0) {
             rc = put_long(w, size);
-            for (Py_ssize_t i = 0; rc == 0 && i < size; i++)
-                rc = encode(w, n->items, PySequence_Fast_GET_ITEM(seq, i));
+            PyObject **items = PySequence_Fast_ITEMS(seq);
+            if (rc == 0 && n->items->kind == K_LONG) {  /* token ids: no dispatch per item */
+                for (Py_ssize_t i = 0; rc == 0 && i < size; i++) {
+                    if (!PyLong_Check(items[i])) {
+                        rc = wrong_type(n->items, items[i]);
+                        break;
+                    }
+                    long long x = PyLong_AsLongLong(items[i]);
+                    rc = (x == -1 && PyErr_Occurred()) ? -1 : put_long(w, x);
+                }
+            } else if (rc == 0 && n->items->kind == K_DOUBLE && (rc = grow(w, 8 * size)) == 0) {  /* logprobs */
+                for (Py_ssize_t i = 0; i < size; i++) {
+                    double x = PyFloat_Check(items[i]) ? PyFloat_AS_DOUBLE(items[i]) : -1.0;
+                    if (!PyFloat_Check(items[i])) {
+                        if (!PyLong_Check(items[i])) {
+                            rc = wrong_type(n->items, items[i]);
+                            break;
+                        }
+                        x = PyFloat_AsDouble(items[i]);
+                        if (x == -1.0 && PyErr_Occurred()) {
+                            rc = -1;
+                            break;
+                        }
+                    }
+                    memcpy(w->data + w->len, &x, 8);
+                    w->len += 8;
+                }
+            } else {
+                for (Py_ssize_t i = 0; rc == 0 && i < size; i++) rc = encode(w, n->items, items[i]);
+            }
         }
         Py_DECREF(seq);
         return rc < 0 ? -1 : put_long(w, 0);
@@ -505,7 +533,7 @@ static int get_block(Reader *r, Node *items, Py_ssize_t *count) {
     }
     /* Every item but a null takes at least one byte: a count beyond what is left is corrupt. */
     if (items->kind != K_NULL && c > r->end - r->p) return corrupt("block count past the end of the message");
-    if (c > 100000000) return corrupt("block count too large");
+    if (items->kind == K_NULL && c > 1000000) return corrupt("block count too large");
     *count = (Py_ssize_t)c;
     return 0;
 }
@@ -619,6 +647,22 @@ static PyObject *decode(Reader *r, Node *n) {
             Py_ssize_t count;
             if (get_block(r, n->items, &count) < 0) goto array_fail;
             if (count == 0) break;
+            if (PyList_GET_SIZE(list) == 0) {  /* the usual single block: the list made at its size */
+                PyObject *sized = PyList_New(count);
+                if (sized == NULL) goto array_fail;
+                Py_DECREF(list);
+                list = sized;
+                for (Py_ssize_t i = 0; i < count; i++) {
+                    PyObject *item = decode(r, n->items);
+                    if (item == NULL) {
+                        /* the slots not yet filled are NULL: shrink to what was filled before freeing */
+                        Py_SET_SIZE(list, i);
+                        goto array_fail;
+                    }
+                    PyList_SET_ITEM(list, i, item);
+                }
+                continue;
+            }
             for (Py_ssize_t i = 0; i < count; i++) {
                 PyObject *item = decode(r, n->items);
                 if (item == NULL) goto array_fail;
