@@ -298,6 +298,130 @@ static int encode_union(Writer *w, Node *n, PyObject *v) {
     return -1;
 }
 
+/* JSON text as json.dumps(value, separators=(",", ":"), ensure_ascii=False) writes it, for the plain values a
+ * JSON field holds: exact dict (str keys), list, tuple, str, int, float, bool, None. Returns 1 for anything else
+ * (another type, a subclass, a non-str key, a string that is not valid UTF-8, nesting past JSON_DEPTH), and the
+ * caller asks Python's json for the whole value, which also gives json's own errors. */
+#define JSON_DEPTH 64
+
+static int json_write(Writer *b, PyObject *v, int depth);
+
+static int json_string(Writer *b, PyObject *s) {
+    Py_ssize_t n;
+    const char *u = PyUnicode_AsUTF8AndSize(s, &n);
+    if (u == NULL) {  /* lone surrogates: json copes, UTF-8 cannot */
+        PyErr_Clear();
+        return 1;
+    }
+    if (grow(b, n + 2) < 0) return -1;
+    b->data[b->len++] = '"';
+    Py_ssize_t run = 0;  /* bytes copied as they are, since the last escape */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)u[i];
+        if (c >= 0x20 && c != '"' && c != '\\') continue;
+        if (put_bytes(b, u + run, i - run) < 0) return -1;
+        run = i + 1;
+        char esc[8];
+        int len = 2;
+        esc[0] = '\\';
+        switch (c) {
+        case '"': esc[1] = '"'; break;
+        case '\\': esc[1] = '\\'; break;
+        case '\n': esc[1] = 'n'; break;
+        case '\r': esc[1] = 'r'; break;
+        case '\t': esc[1] = 't'; break;
+        case '\b': esc[1] = 'b'; break;
+        case '\f': esc[1] = 'f'; break;
+        default: len = snprintf(esc, sizeof esc, "\\u%04x", c);
+        }
+        if (put_bytes(b, esc, len) < 0) return -1;
+    }
+    if (put_bytes(b, u + run, n - run) < 0) return -1;
+    return put_bytes(b, "\"", 1);
+}
+
+static int json_write(Writer *b, PyObject *v, int depth) {
+    if (depth > JSON_DEPTH) return 1;
+    if (v == Py_None) return put_bytes(b, "null", 4);
+    if (v == Py_True) return put_bytes(b, "true", 4);
+    if (v == Py_False) return put_bytes(b, "false", 5);
+    if (PyUnicode_CheckExact(v)) return json_string(b, v);
+    if (PyLong_CheckExact(v)) {
+        int overflow;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow) return 1;
+        char digits[24];
+        return put_bytes(b, digits, snprintf(digits, sizeof digits, "%lld", x));
+    }
+    if (PyFloat_CheckExact(v)) {
+        double x = PyFloat_AS_DOUBLE(v);
+        if (x != x) return put_bytes(b, "NaN", 3);
+        if (x == Py_HUGE_VAL) return put_bytes(b, "Infinity", 8);
+        if (x == -Py_HUGE_VAL) return put_bytes(b, "-Infinity", 9);
+        char *repr = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);  /* float.__repr__ */
+        if (repr == NULL) return -1;
+        int rc = put_bytes(b, repr, (Py_ssize_t)strlen(repr));
+        PyMem_Free(repr);
+        return rc;
+    }
+    if (PyList_CheckExact(v) || PyTuple_CheckExact(v)) {
+        Py_ssize_t size = PySequence_Fast_GET_SIZE(v);
+        if (put_bytes(b, "[", 1) < 0) return -1;
+        for (Py_ssize_t i = 0; i < size; i++) {
+            if (i > 0 && put_bytes(b, ",", 1) < 0) return -1;
+            /* a list may change under a callback; none runs here, but read its size each time all the same */
+            if (i >= PySequence_Fast_GET_SIZE(v)) return 1;
+            int rc = json_write(b, PySequence_Fast_GET_ITEM(v, i), depth + 1);
+            if (rc != 0) return rc;
+        }
+        return put_bytes(b, "]", 1);
+    }
+    if (PyDict_CheckExact(v)) {
+        Py_ssize_t pos = 0;
+        PyObject *key, *value;
+        int first = 1;
+        if (put_bytes(b, "{", 1) < 0) return -1;
+        while (PyDict_Next(v, &pos, &key, &value)) {
+            if (!PyUnicode_CheckExact(key)) return 1;  /* json turns numbers into keys its own way */
+            if (!first && put_bytes(b, ",", 1) < 0) return -1;
+            first = 0;
+            int rc = json_string(b, key);
+            if (rc != 0) return rc;
+            if (put_bytes(b, ":", 1) < 0) return -1;
+            if ((rc = json_write(b, value, depth + 1)) != 0) return rc;
+        }
+        return put_bytes(b, "}", 1);
+    }
+    return 1;
+}
+
+/* A model's JSON field: its value as JSON text, written as the field's string (or the string branch of its
+ * union); what json_write leaves to Python goes through the codec's dumps. */
+static int encode_json_field(Writer *w, Node *node, PyObject *value) {
+    Py_ssize_t branch = -1;
+    if (node->kind == K_UNION) {
+        for (Py_ssize_t i = 0; i < node->nbranches; i++)
+            if (node->branches[i]->kind == K_STRING) branch = i;
+    }
+    if (node->kind == K_STRING || branch >= 0) {
+        Writer text = {NULL, 0, 0, NULL};
+        int rc = json_write(&text, value, 0);
+        if (rc == 0) {
+            rc = (branch >= 0 && put_long(w, branch) < 0) || put_long(w, text.len) < 0 ||
+                 put_bytes(w, text.data, text.len) < 0 ? -1 : 0;
+            PyMem_Free(text.data);
+            return rc;
+        }
+        PyMem_Free(text.data);
+        if (rc < 0) return -1;
+    }
+    PyObject *text = PyObject_CallOneArg(w->dumps, value);
+    if (text == NULL) return -1;
+    int rc = encode(w, node, text);
+    Py_DECREF(text);
+    return rc;
+}
+
 static int encode_record(Writer *w, Node *n, PyObject *v) {
     PyObject *source;
     int from_model = !PyDict_Check(v);
@@ -328,10 +452,7 @@ static int encode_record(Writer *w, Node *n, PyObject *v) {
             value = f->default_;
         }
         if (from_model && f->json) {
-            PyObject *text = PyObject_CallOneArg(w->dumps, value);
-            if (text == NULL) goto fail;
-            rc = encode(w, f->node, text);
-            Py_DECREF(text);
+            rc = encode_json_field(w, f->node, value);
         } else {
             rc = encode(w, f->node, value);
         }
@@ -421,14 +542,18 @@ static int encode(Writer *w, Node *n, PyObject *v) {
         if (size > 0) {
             rc = put_long(w, size);
             PyObject **items = PySequence_Fast_ITEMS(seq);
-            if (rc == 0 && n->items->kind == K_LONG) {  /* token ids: no dispatch per item */
-                for (Py_ssize_t i = 0; rc == 0 && i < size; i++) {
+            if (rc == 0 && n->items->kind == K_LONG && (rc = grow(w, 10 * size)) == 0) {  /* token ids */
+                for (Py_ssize_t i = 0; i < size; i++) {
                     if (!PyLong_Check(items[i])) {
                         rc = wrong_type(n->items, items[i]);
                         break;
                     }
                     long long x = PyLong_AsLongLong(items[i]);
-                    rc = (x == -1 && PyErr_Occurred()) ? -1 : put_long(w, x);
+                    if (x == -1 && PyErr_Occurred()) {
+                        rc = -1;
+                        break;
+                    }
+                    put_long(w, x);  /* room made above: cannot fail */
                 }
             } else if (rc == 0 && n->items->kind == K_DOUBLE && (rc = grow(w, 8 * size)) == 0) {  /* logprobs */
                 for (Py_ssize_t i = 0; i < size; i++) {
@@ -652,8 +777,20 @@ static PyObject *decode(Reader *r, Node *n) {
                 if (sized == NULL) goto array_fail;
                 Py_DECREF(list);
                 list = sized;
+                int kind = n->items->kind;
                 for (Py_ssize_t i = 0; i < count; i++) {
-                    PyObject *item = decode(r, n->items);
+                    PyObject *item;
+                    if (kind == K_LONG) {  /* token ids and log-probs: no dispatch per item */
+                        long long x;
+                        item = get_long(r, &x) < 0 ? NULL : PyLong_FromLongLong(x);
+                    } else if (kind == K_DOUBLE && r->end - r->p >= 8) {
+                        double d;
+                        memcpy(&d, r->p, 8);
+                        r->p += 8;
+                        item = PyFloat_FromDouble(d);
+                    } else {
+                        item = decode(r, n->items);
+                    }
                     if (item == NULL) {
                         /* the slots not yet filled are NULL: shrink to what was filled before freeing */
                         Py_SET_SIZE(list, i);

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from litstream.schemas import avro_fast
 from litstream.schemas.codec import Codec, DecodeError, SchemaStore
-from litstream.schemas.events import BY_NAME, AttemptHeartbeat, SpanRecorded
+from litstream.schemas.events import BY_NAME, AttemptHeartbeat, AvroRolloutConfig, RolloutEnqueued, SpanRecorded
 from tests.samples import all_records
 
 STORE = SchemaStore()
@@ -152,6 +152,26 @@ def test_corrupt_bodies_are_refused_or_read_as_fastavro_reads_them(name: str, da
     except avro_fast.AvroError:
         return
     assert same(got, fastavro_record(name, body))
+
+
+ANY_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.lists(inner, max_size=3).map(tuple)
+    | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+    | st.dictionaries(st.integers(-5, 5) | st.booleans() | st.none(), inner, max_size=2),
+    max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=ANY_JSON, metadata=st.dictionaries(st.text(max_size=6), ANY_JSON, max_size=3))
+def test_json_fields_are_written_as_pythons_json_writes_them(value: Any, metadata: dict[str, Any]) -> None:
+    """Control characters, quotes, non-ASCII, NaN and infinities, huge ints, tuples, non-str keys: the JSON text
+    in the bytes is json.dumps's (the compiled writer's own, or json's where it hands over)."""
+    record = RolloutEnqueued.model_construct(meta=all_span().meta, input=value, start_time=1.0, mode=None,
+                                             resources_id=None, config=AvroRolloutConfig(), metadata=metadata,
+                                             start_attempt_id=None, worker_id=None)
+    name = RolloutEnqueued.avro_name
+    assert CODEC.encode(record)[10:] == fastavro_bytes(name, record.to_wire_record())
 
 
 def test_a_value_the_schema_cannot_hold_is_refused_with_the_field_named() -> None:
