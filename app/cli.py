@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
+from litstream.infra.runtime import tune_gc_for_service
 from litstream.infra.settings import Settings, UnknownSettingError
 
 from .show import table as _table
@@ -386,6 +387,7 @@ def topics_list() -> None:
 @main.group()
 def process() -> None:
     """Run one stream processor in the foreground."""
+    tune_gc_for_service()
 
 
 @process.command("lifecycle")
@@ -465,6 +467,7 @@ def runner(concurrency: int, agent_path: str, max_rollouts: int | None, drain: f
     from litstream.workers.runner import RUNNER_SERIES, Runner
 
     _logging()
+    tune_gc_for_service()
     module, _, func = agent_path.partition(":")
     try:
         agent = getattr(importlib.import_module(module), func)
@@ -494,6 +497,7 @@ def gateway(host: str | None, port: int | None) -> None:
     from litstream.workers import gateway as gw
 
     _logging()
+    tune_gc_for_service()
     settings = load_settings()
     try:
         metrics.serve(settings, gw.ROLE)  # for Prometheus; the gateway's own port serves /metrics too (token rule)
@@ -550,6 +554,7 @@ def policy_server(host: str | None, port: int | None, checkpoint: str | None, mo
     from litstream.workers.policy_server.service import ServerOptions, run
 
     _logging()
+    tune_gc_for_service()
     settings = load_settings()
     try:
         backend = build_backend(checkpoint=checkpoint, model=model, upstream=upstream, upstream_model=upstream_model,

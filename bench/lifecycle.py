@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from litstream.app.stack import Stack
 from litstream.infra.broker import EmbeddedBroker
 from litstream.infra.kafka import create_topics
+from litstream.infra.runtime import tune_gc_for_service
 from litstream.infra.settings import Settings
 from litstream.schemas.models import AttemptedRollout
 from litstream.streams.store import LitStore
@@ -68,8 +69,10 @@ async def open_store(settings: Settings) -> LitStore:
     """A store whose views have read their topics, and whose offers consumer has joined the runners' group.
 
     The first dequeue joins the group (a few seconds on the embedded broker): done here, on an empty queue, so
-    that no clock pays it. The caller closes the store.
+    that no clock pays it. The caller closes the store. This process's collector is set as the gateway's, which
+    hosts the store in the stack (``infra.runtime``).
     """
+    tune_gc_for_service()
     store = LitStore(settings)
     try:
         await store.wait_until_ready()

@@ -67,6 +67,22 @@ class AvroModel(BaseModel):
         return _plan_of(type(self)).record(self, tag=True)
 
     @classmethod
+    def trusted(cls, **fields: Any) -> Self:
+        """The model of values that are valid already, every field given, without validating them again: for
+        models made from other validated models (a rollout's snapshot from its folded state, whose values all
+        came from validated events). Shares the values, as ``model_copy`` does."""
+        plan = _plan_of(cls)
+        if fields.keys() != plan.name_set:
+            raise TypeError(f"{cls.__name__}.trusted needs every field: missing {sorted(plan.name_set - fields.keys())}"
+                            f", unknown {sorted(fields.keys() - plan.name_set)}")
+        obj = cls.__new__(cls)
+        _set_dict(obj, {name: fields[name] for name in plan.names})  # the model's field order, as validation gives
+        _set_fields_set(obj, set(plan.name_set))
+        _set_extra(obj, None)
+        _set_private(obj, None)
+        return obj
+
+    @classmethod
     def from_record(cls, record: dict[str, Any]) -> Self:
         """The model of a record the codec decoded, without validating it again.
 

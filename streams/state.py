@@ -47,8 +47,9 @@ class RolloutState(BaseModel):
 
     def snapshot(self, last: EventMeta | None = None, accepted: bool = True,
                  reason: str | None = None, reserved: int | None = None) -> RolloutSnapshot:
-        """The state for readers, with the outcome of the event that led to it."""
-        return RolloutSnapshot(
+        """The state for readers, with the outcome of the event that led to it. Not validated again: every value
+        came from a validated event (this was a third of an enqueue's cost, and of the processor's per event)."""
+        return RolloutSnapshot.trusted(
             next_sequence_id=self.next_sequence_id, last_reserved=reserved,
             last_event_id=last.event_id if last else None, last_producer_id=last.producer_id if last else None,
             last_producer_seq=last.producer_seq if last else None, last_accepted=accepted, last_reason=reason,

@@ -15,7 +15,13 @@ from hypothesis import strategies as st
 
 from litstream.schemas import avro_fast
 from litstream.schemas.codec import Codec, DecodeError, SchemaStore
-from litstream.schemas.events import BY_NAME, AttemptHeartbeat, AvroRolloutConfig, RolloutEnqueued, SpanRecorded
+from litstream.schemas.events import (
+    BY_NAME,
+    AttemptHeartbeat,
+    AvroRolloutConfig,
+    RolloutEnqueued,
+    SpanRecorded,
+)
 from tests.samples import all_records
 
 STORE = SchemaStore()

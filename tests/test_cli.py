@@ -169,3 +169,16 @@ def test_stack_roles_stop_with_the_stack(settings: Settings) -> None:
         stack.wait_ready("lifecycle", "lifecycle")
         proc = stack.roles["lifecycle"]
     assert not proc.alive()
+
+
+def test_services_collect_young_objects_less_often() -> None:
+    import gc
+
+    from litstream.infra.runtime import YOUNG_COLLECTION_THRESHOLD, tune_gc_for_service
+
+    before = gc.get_threshold()
+    try:
+        tune_gc_for_service()
+        assert gc.get_threshold() == (YOUNG_COLLECTION_THRESHOLD, *before[1:])
+    finally:
+        gc.set_threshold(*before)
