@@ -18,6 +18,11 @@ from typing import Any, ClassVar, Literal, Self, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .models import AttemptStatus, RolloutConfig, RolloutMode, RolloutStatus, StatusCode
+from .trusted import set_dict as _set_dict
+from .trusted import set_extra as _set_extra
+from .trusted import set_fields_set as _set_fields_set
+from .trusted import set_private as _set_private
+from .trusted import trusted
 
 AttrValue = bool | int | float | str | list[bool | int | float | str | None] | None
 
@@ -68,19 +73,9 @@ class AvroModel(BaseModel):
 
     @classmethod
     def trusted(cls, **fields: Any) -> Self:
-        """The model of values that are valid already, every field given, without validating them again: for
-        models made from other validated models (a rollout's snapshot from its folded state, whose values all
-        came from validated events). Shares the values, as ``model_copy`` does."""
-        plan = _plan_of(cls)
-        if fields.keys() != plan.name_set:
-            raise TypeError(f"{cls.__name__}.trusted needs every field: missing {sorted(plan.name_set - fields.keys())}"
-                            f", unknown {sorted(fields.keys() - plan.name_set)}")
-        obj = cls.__new__(cls)
-        _set_dict(obj, {name: fields[name] for name in plan.names})  # the model's field order, as validation gives
-        _set_fields_set(obj, set(plan.name_set))
-        _set_extra(obj, None)
-        _set_private(obj, None)
-        return obj
+        """The model of values that are valid already, every field given, without validating them again
+        (:func:`schemas.trusted.trusted`)."""
+        return trusted(cls, fields)
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Self:
@@ -217,11 +212,6 @@ class _Plan:
         return obj
 
 
-# pydantic's slots, set directly: what model_construct does, without its per-field loop.
-_set_dict = BaseModel.__dict__["__dict__"].__set__
-_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
-_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
-_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 _PLANS: dict[type[BaseModel], _Plan] = {}
 

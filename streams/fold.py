@@ -17,8 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
-from pydantic import BaseModel
-
 from litstream.schemas.events import (
     AttemptHeartbeat,
     AttemptStarted,
@@ -31,15 +29,14 @@ from litstream.schemas.events import (
     SequenceRequested,
 )
 from litstream.schemas.models import FINISHED, QUEUING, RUNNING
+from litstream.schemas.trusted import set_dict as _set_dict
+from litstream.schemas.trusted import set_extra as _set_extra
+from litstream.schemas.trusted import set_fields_set as _set_fields_set
+from litstream.schemas.trusted import set_private as _set_private
 
 from .state import AttemptState, RolloutState
 
 M = TypeVar("M", RolloutState, AttemptState)
-# pydantic's slots, set directly (see _evolve).
-_set_dict = BaseModel.__dict__["__dict__"].__set__
-_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
-_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
-_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 ATTEMPT_TERMINAL = frozenset({"failed", "succeeded"})
 ATTEMPT_UNHEALTHY = frozenset({"failed", "timeout", "unresponsive"})

@@ -7,7 +7,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from litstream.schemas.events import AttemptSnapshot, AvroRolloutConfig, EventMeta, RolloutSnapshot
-from litstream.schemas.models import Attempt, AttemptedRollout, Rollout, RolloutMode, RolloutStatus
+from litstream.schemas.models import (
+    Attempt,
+    AttemptedRollout,
+    Rollout,
+    RolloutConfig,
+    RolloutMode,
+    RolloutStatus,
+)
+from litstream.schemas.trusted import trusted
 
 AttemptState = AttemptSnapshot  # the fold's attempt is what readers get
 
@@ -61,16 +69,26 @@ class RolloutState(BaseModel):
 
 
 def rollout_from_snapshot(snap: RolloutSnapshot) -> Rollout | AttemptedRollout:
-    """The reference's view of a snapshot: the rollout with its latest attempt attached, if any."""
-    base: dict[str, Any] = dict(
-        rollout_id=snap.rollout_id, input=snap.input, start_time=snap.start_time, end_time=snap.end_time,
-        mode=snap.mode, resources_id=snap.resources_id, status=snap.status,
-        config=snap.config.model_dump(), metadata=snap.metadata,
-    )
+    """The reference's view of a snapshot: the rollout with its latest attempt attached, if any.
+
+    Built without validating again (a fifth of an enqueue's cost): the snapshot's values are valid. The caller
+    gets its own containers, as validation would give them (config and metadata dicts and lists are copies), so
+    changing the returned rollout never changes the store's view of it."""
+    config = snap.config
+    base: dict[str, Any] = {
+        "rollout_id": snap.rollout_id, "input": snap.input, "start_time": snap.start_time, "end_time": snap.end_time,
+        "mode": snap.mode, "resources_id": snap.resources_id, "status": snap.status,
+        "config": trusted(RolloutConfig, {"timeout_seconds": config.timeout_seconds,
+                                          "unresponsive_seconds": config.unresponsive_seconds,
+                                          "max_attempts": config.max_attempts,
+                                          "retry_condition": list(config.retry_condition)}),
+        "metadata": dict(snap.metadata),
+    }
     if not snap.attempts:
-        return Rollout(**base)
+        return trusted(Rollout, base)
     a = snap.attempts[-1]
-    attempt = Attempt(rollout_id=snap.rollout_id, attempt_id=a.attempt_id, sequence_id=a.sequence_id,
-                      start_time=a.start_time, end_time=a.end_time, status=a.status, worker_id=a.worker_id,
-                      last_heartbeat_time=a.last_heartbeat_time, metadata=a.metadata)
-    return AttemptedRollout(**base, attempt=attempt)
+    attempt = trusted(Attempt, {
+        "rollout_id": snap.rollout_id, "attempt_id": a.attempt_id, "sequence_id": a.sequence_id,
+        "start_time": a.start_time, "end_time": a.end_time, "status": a.status, "worker_id": a.worker_id,
+        "last_heartbeat_time": a.last_heartbeat_time, "metadata": dict(a.metadata)})
+    return trusted(AttemptedRollout, {**base, "attempt": attempt})

@@ -230,3 +230,26 @@ def test_evolve_is_model_copy() -> None:
     assert fast == slow and fast.model_dump() == slow.model_dump()
     assert fast.model_fields_set == slow.model_fields_set
     assert state.version != fast.version and state.status == "queuing"
+
+
+def test_the_reference_view_of_a_snapshot_is_what_validation_builds_and_the_callers_own() -> None:
+    """rollout_from_snapshot builds without validating again: the same Rollout / AttemptedRollout as the
+    validating constructors, and containers of its own, so a caller changing them leaves the snapshot alone."""
+    from litstream.schemas.models import AttemptedRollout, Rollout
+    from litstream.streams.state import rollout_from_snapshot
+
+    log = Log()
+    log.fold(RolloutEnqueued(meta=log.f.meta(RID), input={"q": 1}, start_time=1.0, metadata={"k": [1]},
+                             config={"max_attempts": 2, "retry_condition": ["failed"]}))
+    queued = log.state.snapshot()  # type: ignore[union-attr]
+    log.fold(AttemptStarted(meta=log.f.meta(RID), attempt_id="at-1", sequence_id=1, start_time=2.0, worker_id="w"))
+    started = log.state.snapshot()  # type: ignore[union-attr]
+    for snap, cls in ((queued, Rollout), (started, AttemptedRollout)):
+        got = rollout_from_snapshot(snap)
+        validated = cls.model_validate(got.model_dump())
+        assert type(got) is cls
+        assert got == validated
+        assert got.model_fields_set == validated.model_fields_set
+        got.metadata["new"] = 1  # type: ignore[index]
+        got.config.retry_condition.append("timeout")
+        assert snap.metadata == {"k": [1]} and snap.config.retry_condition == ["failed"]
