@@ -150,6 +150,8 @@ class Codec:
                 compiled = _compiled_of(name, parsed)
                 if compiled is not None:
                     self._compiled[name] = compiled
+        # The same by the fingerprint a message carries: one lookup finds a message's program on the hot path.
+        self._compiled_by_fp = {self.store.reader_fp[name]: (compiled, name) for name, compiled in self._compiled.items()}
 
     # -- encoding --
     def encode(self, record: AvroModel) -> bytes:
@@ -236,13 +238,10 @@ class Codec:
     def _locate(self, data: bytes | None) -> tuple[avro_fast.Compiled | None, str, int]:
         """The compiled program for a message written with this code's schema (None otherwise: the caller
         takes fastavro's path, which also gives every header error), its record name, and the body's offset."""
-        if not data or not self._compiled:
-            return None, "", 0
-        if data[:2] == SINGLE_OBJECT_MAGIC and len(data) >= 10:
-            writer = self.store.writer(data[2:10])
-            name = _name_of(writer)
-            if writer is not None and self._readers.get(name) is writer:
-                return self._compiled.get(name), name, 10
+        if data and data[:2] == SINGLE_OBJECT_MAGIC:
+            found = self._compiled_by_fp.get(data[2:10])
+            if found is not None:
+                return found[0], found[1], 10
         return None, "", 0
 
     def _read(self, data: bytes | None) -> tuple[type[AvroModel], str, dict[str, Any]]:
