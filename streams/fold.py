@@ -76,11 +76,13 @@ def _reject(state: RolloutState | None, event: Event, reason: str) -> Outcome:
 
 def _accept(state: RolloutState, event: Event, offer: Offer | None = None, reserved: int | None = None,
             **changes: Any) -> Outcome:
+    meta = event.meta
     producers = dict(state.producers)
-    producers[event.meta.producer_id] = event.meta.producer_seq
-    new = _evolve(state, {**changes, "producers": producers, "version": state.version + 1,
-                          "updated_ns": event.meta.timestamp_ns})
-    return Outcome(new, accepted=True, offer=offer, reserved=reserved)
+    producers[meta.producer_id] = meta.producer_seq
+    changes["producers"] = producers  # changes is this call's own dict (keyword arguments)
+    changes["version"] = state.version + 1
+    changes["updated_ns"] = meta.timestamp_ns
+    return Outcome(_evolve(state, changes), accepted=True, offer=offer, reserved=reserved)
 
 
 def _evolve(model: M, changes: dict[str, Any]) -> M:
