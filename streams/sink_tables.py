@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
 from litstream.infra.clickhouse import ClickHouse
 from litstream.infra.topics import Topics
 from litstream.schemas.codec import Codec, DecodeError
@@ -69,14 +71,28 @@ class SinkBatch:
         except DecodeError as exc:
             dead(exc.reason, "decode")
 
+    def counts(self) -> dict[str, int]:
+        """Rows per table."""
+        return {SPANS_TABLE: len(self.spans), EVENTS_TABLE: len(self.events), TRIPLETS_TABLE: len(self.triplets)}
+
+    def tables(self) -> list[tuple[str, pa.Table]]:
+        """Each table's rows as Arrow, ready for ``insert_arrow`` (tables without rows left out)."""
+        now = time.time_ns()
+        out = []
+        if self.spans:
+            out.append((SPANS_TABLE, span_record_arrow(self.spans, now)))
+        if self.events:
+            out.append((EVENTS_TABLE, event_arrow(self.events, now)))
+        if self.triplets:
+            out.append((TRIPLETS_TABLE, triplet_arrow(self.triplets, now)))
+        return out
+
     def insert(self, ch: ClickHouse) -> dict[str, int]:
         """Insert every table's rows (Arrow); returns rows per table. Idempotent: the tables collapse repeats."""
-        now = time.time_ns()
-        counts = {SPANS_TABLE: len(self.spans), EVENTS_TABLE: len(self.events), TRIPLETS_TABLE: len(self.triplets)}
-        if self.spans:
-            ch.insert_arrow(SPANS_TABLE, span_record_arrow(self.spans, now))
-        if self.events:
-            ch.insert_arrow(EVENTS_TABLE, event_arrow(self.events, now))
-        if self.triplets:
-            ch.insert_arrow(TRIPLETS_TABLE, triplet_arrow(self.triplets, now))
-        return counts
+        insert_tables(ch, self.tables())
+        return self.counts()
+
+
+def insert_tables(ch: ClickHouse, tables: list[tuple[str, pa.Table]]) -> None:
+    for table, data in tables:
+        ch.insert_arrow(table, data)

@@ -15,6 +15,8 @@ import logging
 import signal
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaError, Message, TopicPartition
@@ -29,7 +31,7 @@ from litstream.infra.settings import Settings
 from litstream.infra.topics import Topics
 from litstream.schemas.codec import Codec, default_codec
 
-from .sink_tables import EVENTS_TABLE, SPANS_TABLE, TRIPLETS_TABLE, SinkBatch, sink_topics
+from .sink_tables import EVENTS_TABLE, SPANS_TABLE, TRIPLETS_TABLE, SinkBatch, insert_tables, sink_topics
 
 log = logging.getLogger("litstream.span_sink")
 ROLE = "span-sink"
@@ -39,6 +41,17 @@ PREFETCH_KB = 32 * 1024  # librdkafka's pre-fetched messages, per consumer: the 
 # costs the embedded broker CPU in proportion to the batches its partition holds (docs/benchmarks.md).
 FETCH_MIN_BYTES = 1 << 20
 FETCH_WAIT_MS = 100
+
+
+@dataclass(frozen=True)
+class _InFlight:
+    """A batch whose insert runs on the inserter thread: committed once that finishes."""
+
+    insert: Future[None]
+    batch: SinkBatch
+    offsets: dict[tuple[str, int], int]
+    started: float
+    messages: int
 
 
 class SpanSink:
@@ -60,6 +73,8 @@ class SpanSink:
                                   **{"queued.max.messages.kbytes": PREFETCH_KB, "fetch.min.bytes": FETCH_MIN_BYTES,
                                      "fetch.wait.max.ms": FETCH_WAIT_MS})
         self._dlq = producer(settings)
+        self._inserter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="span-sink-insert")
+        self._in_flight: _InFlight | None = None
 
     def serve_api(self, host: str = "127.0.0.1", port: int = 0) -> str:
         server = serve_queries(self.ch, host, port, actions={"/replay": self._replay_action})
@@ -80,20 +95,32 @@ class SpanSink:
                 msgs = self._consumer.consume(num_messages=self.batch_size, timeout=self.max_wait_s)
                 if msgs:
                     self.process(msgs)
+                else:
+                    self._complete()  # nothing new: finish the insert in flight now, not with the next batch
                 if time.monotonic() - last_beat > 2.0:
                     health.beat(self.settings.data_dir, ROLE, **self.stats)
                     last_beat = time.monotonic()
+            self._complete()
         finally:
+            self._inserter.shutdown(wait=True)
             self._consumer.close()
             self._dlq.flush(10)
 
     def process(self, msgs: list[Message]) -> None:
+        """Decode a batch and make its Arrow tables here, while the previous batch's insert runs on the inserter
+        thread (chDB inserts without holding the GIL); then finish that one (dead letters, offsets) and hand this
+        one over. One insert in flight at most, and a batch's offsets are committed only after its insert."""
         started = time.perf_counter()
-        self._store(msgs)
-        metrics.SINK_BATCH_SIZE.observe(len(msgs))
-        metrics.SINK_BATCH_SECONDS.observe(time.perf_counter() - started)
+        batch, offsets = self._decode(msgs)
+        tables = batch.tables()
+        self._complete()
+        self._in_flight = _InFlight(self._inserter.submit(self._insert, tables), batch, offsets, started, len(msgs))
 
-    def _store(self, msgs: list[Message]) -> None:
+    def _insert(self, tables: list[tuple[str, Any]]) -> None:
+        insert_tables(self.ch, tables)
+        failpoint("span-sink.after-insert")  # fault tests: die with the rows stored and the offsets not committed
+
+    def _decode(self, msgs: list[Message]) -> tuple[SinkBatch, dict[tuple[str, int], int]]:
         batch = SinkBatch(self.topics, self.codec, ROLE)
         offsets: dict[tuple[str, int], int] = {}
         for m in msgs:
@@ -105,8 +132,20 @@ class SpanSink:
             topic, partition, offset = str(m.topic()), int(m.partition() or 0), int(m.offset() or 0)
             offsets[(topic, partition)] = offset + 1
             batch.add(topic, partition, offset, m.key(), m.value())
-        counts = batch.insert(self.ch)
-        failpoint("span-sink.after-insert")  # fault tests: die with the rows stored and the offsets not committed
+        return batch, offsets
+
+    def _complete(self) -> None:
+        """Wait for the insert in flight (its error is raised here), then dead-letter and commit its batch."""
+        flight, self._in_flight = self._in_flight, None
+        if flight is None:
+            return
+        flight.insert.result()
+        self._committed(flight.batch, flight.offsets)
+        metrics.SINK_BATCH_SIZE.observe(flight.messages)
+        metrics.SINK_BATCH_SECONDS.observe(time.perf_counter() - flight.started)
+
+    def _committed(self, batch: SinkBatch, offsets: dict[tuple[str, int], int]) -> None:
+        counts = batch.counts()
         # One dead letter per bad message: the sink writes those of spans; rollout-events has them from the
         # lifecycle processor and triplets from the trainer, so there it only counts them.
         letters = [lt for lt in batch.letters if lt.source_topic == self.topics.spans]
