@@ -99,7 +99,11 @@ class _Compiler:
                 raise Unsupported(f"unknown named type {schema}")
             return self.node(self.named[schema], cls)
         if isinstance(schema, list):
-            return ("union", tuple(self.node(b, cls) for b in schema), tuple(_branch_name(b) for b in schema))
+            branches = tuple(self.node(b, cls) for b in schema)
+            if sum(b[0] in ("record", "map") for b in branches) > 1:
+                # Both take a dict: fastavro tells them apart by validating the value against each in turn.
+                raise Unsupported("a union of several records or maps")
+            return ("union", branches, tuple(_branch_name(b) for b in schema))
         if not isinstance(schema, dict):
             raise Unsupported(f"schema {schema!r}")
         if "logicalType" in schema:

@@ -278,15 +278,16 @@ def _first_error(exc: ValidationError) -> str:
 
 
 _STORE: SchemaStore | None = None
-_COMPILED: dict[tuple[str, int], avro_fast.Compiled | None] = {}
+# Programs by schema object. The entry holds the schema too, so that its id is never reused for another one.
+_COMPILED: dict[tuple[str, int], tuple[Any, avro_fast.Compiled | None]] = {}
 
 
 def _compiled_of(name: str, parsed: Any) -> avro_fast.Compiled | None:
     """One set of programs per schema object, shared by every codec that reads it."""
     key = (name, id(parsed))
     if key not in _COMPILED:
-        _COMPILED[key] = avro_fast.compile_record(parsed, BY_NAME[name])
-    return _COMPILED[key]
+        _COMPILED[key] = (parsed, avro_fast.compile_record(parsed, BY_NAME[name]))
+    return _COMPILED[key][1]
 
 
 def _default_store() -> SchemaStore:

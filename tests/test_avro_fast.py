@@ -215,3 +215,25 @@ def test_corrupt_messages_are_decode_errors_naming_the_record() -> None:
 
 def all_span() -> SpanRecorded:
     return next(r for r in all_records() if isinstance(r, SpanRecorded))
+
+
+def test_schemas_a_program_cannot_copy_exactly_are_left_to_fastavro() -> None:
+    """A union of two records (fastavro picks by validating each) and logical types (fastavro converts values)."""
+    from pydantic import BaseModel
+
+    class T(BaseModel):
+        x: Any
+
+    class L(BaseModel):
+        t: int
+
+    two_records = {"type": "record", "name": "T", "fields": [{"name": "x", "type": [
+        {"type": "record", "name": "A", "fields": [{"name": "a", "type": "long"}]},
+        {"type": "record", "name": "B", "fields": [{"name": "b", "type": "string"}]}]}]}
+    logical = {"type": "record", "name": "L", "fields": [
+        {"name": "t", "type": {"type": "long", "logicalType": "timestamp-micros"}}]}
+    for schema, model in ((two_records, T), (logical, L)):
+        assert avro_fast.compile_record(fastavro.parse_schema(schema), model) is None
+        plain = {**schema, "name": f"{schema['name']}2"}  # the same record without what a program cannot copy
+        plain["fields"] = [{"name": f["name"], "type": "long"} for f in schema["fields"]]
+        assert avro_fast.compile_record(fastavro.parse_schema(plain), model) is not None
