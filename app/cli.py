@@ -387,7 +387,6 @@ def topics_list() -> None:
 @main.group()
 def process() -> None:
     """Run one stream processor in the foreground."""
-    tune_gc_for_service()
 
 
 @process.command("lifecycle")
@@ -405,6 +404,7 @@ def process_span_sink() -> None:
     from litstream.streams import span_sink
 
     _logging()
+    tune_gc_for_service()  # a batch is thousands of live records (the lifecycle processor measured no gain)
     span_sink.run(load_settings())
 
 

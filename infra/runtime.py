@@ -1,4 +1,4 @@
-"""Process-wide settings of litstream's long-running services (processors, sink, gateway, runner, trainer)."""
+"""Process-wide settings of litstream's long-running services (gateway, sink, runner, policy server)."""
 
 from __future__ import annotations
 
