@@ -646,6 +646,19 @@ static int get_length(Reader *r, Py_ssize_t *out) {
 
 static PyObject *decode(Reader *r, Node *n);
 
+/* A length-prefixed UTF-8 string (a string value or a map key); `what` names it in the error. */
+static PyObject *read_utf8(Reader *r, const char *what) {
+    Py_ssize_t len;
+    if (get_length(r, &len) < 0) return NULL;
+    PyObject *s = PyUnicode_DecodeUTF8((const char *)r->p, len, "strict");
+    r->p += len;
+    if (s == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+        PyErr_Clear();
+        PyErr_Format(AvroError, "%s is not UTF-8", what);
+    }
+    return s;
+}
+
 /* Block count of an array or map: 0 ends, a negative count is followed by the block's byte size. */
 static int get_block(Reader *r, Node *items, Py_ssize_t *count) {
     long long c;
@@ -745,20 +758,15 @@ static PyObject *decode(Reader *r, Node *n) {
         r->p += 8;
         return PyFloat_FromDouble(d);
     }
-    case K_BYTES:
-    case K_STRING: {
+    case K_BYTES: {
         Py_ssize_t len;
         if (get_length(r, &len) < 0) return NULL;
         const char *start = (const char *)r->p;
         r->p += len;
-        if (n->kind == K_BYTES) return PyBytes_FromStringAndSize(start, len);
-        PyObject *s = PyUnicode_DecodeUTF8(start, len, "strict");
-        if (s == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
-            PyErr_Clear();
-            corrupt("string is not UTF-8");
-        }
-        return s;
+        return PyBytes_FromStringAndSize(start, len);
     }
+    case K_STRING:
+        return read_utf8(r, "string");
     case K_ENUM: {
         long long idx;
         if (get_long(r, &idx) < 0) return NULL;
@@ -821,17 +829,8 @@ static PyObject *decode(Reader *r, Node *n) {
             if (get_block(r, n->items, &count) < 0) goto map_fail;
             if (count == 0) break;
             for (Py_ssize_t i = 0; i < count; i++) {
-                Py_ssize_t len;
-                if (get_length(r, &len) < 0) goto map_fail;
-                PyObject *key = PyUnicode_DecodeUTF8((const char *)r->p, len, "strict");
-                r->p += len;
-                if (key == NULL) {
-                    if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
-                        PyErr_Clear();
-                        corrupt("map key is not UTF-8");
-                    }
-                    goto map_fail;
-                }
+                PyObject *key = read_utf8(r, "map key");
+                if (key == NULL) goto map_fail;
                 PyObject *value = decode(r, n->items);
                 if (value == NULL) {
                     Py_DECREF(key);

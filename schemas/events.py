@@ -18,11 +18,7 @@ from typing import Any, ClassVar, Literal, Self, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .models import AttemptStatus, RolloutConfig, RolloutMode, RolloutStatus, StatusCode
-from .trusted import set_dict as _set_dict
-from .trusted import set_extra as _set_extra
-from .trusted import set_fields_set as _set_fields_set
-from .trusted import set_private as _set_private
-from .trusted import trusted
+from .trusted import assemble, trusted
 
 AttrValue = bool | int | float | str | list[bool | int | float | str | None] | None
 
@@ -204,12 +200,7 @@ class _Plan:
             record[name] = nested.load(record[name])
         if record.keys() != self.name_set:
             return self.cls.model_validate(record)  # another shape than this code's (evolution): the slow path
-        obj = self.cls.__new__(self.cls)
-        _set_dict(obj, record)
-        _set_fields_set(obj, set(self.name_set))
-        _set_extra(obj, None)
-        _set_private(obj, None)
-        return obj
+        return assemble(self.cls, record, set(self.name_set))
 
 
 

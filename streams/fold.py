@@ -29,10 +29,7 @@ from litstream.schemas.events import (
     SequenceRequested,
 )
 from litstream.schemas.models import FINISHED, QUEUING, RUNNING
-from litstream.schemas.trusted import set_dict as _set_dict
-from litstream.schemas.trusted import set_extra as _set_extra
-from litstream.schemas.trusted import set_fields_set as _set_fields_set
-from litstream.schemas.trusted import set_private as _set_private
+from litstream.schemas.trusted import assemble
 
 from .state import AttemptState, RolloutState
 
@@ -88,17 +85,12 @@ def _accept(state: RolloutState, event: Event, offer: Offer | None = None, reser
 def _evolve(model: M, changes: dict[str, Any]) -> M:
     """``model.model_copy(update=changes)`` without pydantic's generic copy (a third of the fold's time): a
     shallow copy of the fields with the changes, as model_copy makes it, for the fold's own frozen models."""
-    new = model.__class__.__new__(model.__class__)
     fields = model.__dict__.copy()
     fields.update(changes)
     fields_set = model.__pydantic_fields_set__
     if not changes.keys() <= fields_set:
         fields_set = fields_set | changes.keys()  # else shared: a frozen model never changes its set
-    _set_dict(new, fields)
-    _set_fields_set(new, fields_set)
-    _set_extra(new, None)
-    _set_private(new, None)
-    return new
+    return assemble(model.__class__, fields, fields_set)
 
 
 def _replace_attempt(state: RolloutState, attempt: AttemptState) -> tuple[AttemptState, ...]:
