@@ -1,4 +1,4 @@
-"""Three corrections to faust-streaming 0.15.3, applied before the lifecycle processor builds its app.
+"""Corrections to faust-streaming 0.15.3, applied before the lifecycle processor builds its app.
 
 1. **A commit waits for every changelog write** (every profile). Faust commits source offsets after flushing its
    producer, but its table-changelog buffer's ``flush`` returns as soon as 0.1 s pass without a send, with
@@ -17,7 +17,17 @@
    :func:`flush_with_faust`; Faust flushes its producer before it commits source offsets and when partitions are
    revoked, and now the registered ones with it, so no offset is committed ahead of the outputs its events caused.
 
-4. **A short fetch wait** (embedded broker only). Faust builds its aiokafka consumer with a fixed 1.5 s fetch wait,
+4. **A partition with no committed offset is read from its start** (every profile). At the end of a rebalance or
+   a recovery Faust seeks its source partitions "to the committed offsets" and counts on that seek to undo records
+   fetched and not handed on meanwhile (its fetcher runs through the recovery, and it drops a fetched batch on a
+   pause, a stopped flow or a new generation). aiokafka's seek leaves a partition with no committed offset (or
+   offset 0) where it is, so such records were skipped for good. Seen: a worker killed before its first commit was
+   replaced, and the new one's source position stood at the log's end before the seek, past the events written
+   while none ran (a runner's claims). Patched: those partitions are sought to their beginning, where Faust's
+   ``consumer_auto_offset_reset="earliest"`` starts a new group anyway. Changelog partitions are left alone
+   (recovery seeks them itself).
+
+5. **A short fetch wait** (embedded broker only). Faust builds its aiokafka consumer with a fixed 1.5 s fetch wait,
    which the embedded broker always waits out: every hop through a Faust agent would cost ~0.75 s.
 """
 
@@ -38,6 +48,7 @@ def apply(settings: Settings) -> None:
     """Apply the corrections this settings' profile needs (each once per process)."""
     _complete_buffer_flush()
     _side_producers_flushed()
+    _uncommitted_read_from_start()
     if settings.profile == "local":
         _short_fetch_wait(settings.local_fetch_wait_ms)
         _true_changelog_ends(settings)
@@ -92,6 +103,31 @@ def _side_producers_flushed() -> None:
 
     Producer.flush = flush_all_producers  # type: ignore[method-assign]
     _applied.add("side-flush")
+
+
+async def seek_to_committed_or_start(consumer: Any, leave: Callable[[Any], bool]) -> dict[Any, int | None]:
+    """Seek ``consumer`` (an aiokafka consumer) to its committed offsets, and each assigned partition that has none
+    (or 0) to its beginning, except those ``leave`` names; returns the committed offsets, as aiokafka's
+    ``seek_to_committed`` does (see 4. above)."""
+    committed: dict[Any, int | None] = dict(await consumer.seek_to_committed())
+    from_start = [tp for tp, offset in committed.items() if not offset and not leave(tp)]
+    if from_start:
+        await consumer.seek_to_beginning(*from_start)
+    return committed
+
+
+def _uncommitted_read_from_start() -> None:
+    if "seek-start" in _applied:
+        return
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+    async def seek(self: Any) -> Mapping[Any, int | None]:
+        changelogs = self.consumer.app.tables.changelog_topics
+        return await self.call_thread(seek_to_committed_or_start, self._ensure_consumer(),
+                                      lambda tp: tp.topic in changelogs)
+
+    AIOKafkaConsumerThread.seek_to_committed = seek  # type: ignore[method-assign,assignment]
+    _applied.add("seek-start")
 
 
 def _short_fetch_wait(wait_ms: int) -> None:

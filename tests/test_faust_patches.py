@@ -1,6 +1,6 @@
 """The corrections to Faust (streams/faust_patches.py): a commit's flush drains the changelog buffer and the
-processors' own producers, and the
-changelog end is read, not taken from the embedded broker's ListOffsets."""
+processors' own producers, the changelog end is read, not taken from the embedded broker's ListOffsets, and the
+seek to the committed offsets takes a partition with none back to its start."""
 
 from __future__ import annotations
 
@@ -91,3 +91,67 @@ def test_a_flush_of_fausts_producer_flushes_the_registered_producers_after_it() 
     finally:
         faust_patches._side_flushes.remove(side)
     assert order == ["faust", "side"]  # before every commit: the outputs are sent before the offsets move
+
+
+def test_the_seek_to_committed_offsets_takes_a_partition_with_none_back_to_its_start(settings: Settings) -> None:
+    """A consumer fetched records and dropped them (as Faust does around a recovery): partitions with a committed
+    offset go back to it, those with none (or 0) to their start, and the ones it is told to leave stay put."""
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka import TopicPartition as TP
+
+    topic = f"{settings.topic_prefix}.seek"
+    client = admin(settings)
+    client.create_topics([NewTopic(topic, num_partitions=4, replication_factor=-1)])[topic].result()
+    producer = Producer({"bootstrap.servers": settings.bootstrap_servers})
+    for p in range(4):
+        for i in range(6):
+            producer.produce(topic, f"v{i}".encode(), partition=p)
+    producer.flush()
+    tps = [TP(topic, p) for p in range(4)]
+
+    async def scenario() -> tuple[list[int], dict[Any, int | None]]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, group_id=f"{topic}-group",
+                                    enable_auto_commit=False, auto_offset_reset="earliest")
+        await consumer.start()
+        try:
+            consumer.assign(tps)
+            await consumer.commit({tps[0]: 4, tps[1]: 0})  # partition 0 read up to 4, partition 1 "up to 0"
+            consumer.seek(tps[0], 4)
+            for tp in tps[1:]:
+                await consumer.seek_to_beginning(tp)
+            read = 0
+            while read < 2 + 6 * 3:  # everything fetched, as if handed on and dropped
+                batches = await consumer.getmany(timeout_ms=2000)
+                read += sum(len(records) for records in batches.values())
+            committed = await faust_patches.seek_to_committed_or_start(consumer, lambda tp: tp.partition == 3)
+            return [await consumer.position(tp) for tp in tps], committed
+        finally:
+            await consumer.stop()
+
+    positions, committed = asyncio.run(scenario())
+    assert committed == {tps[0]: 4, tps[1]: 0, tps[2]: None, tps[3]: None}
+    assert positions == [4, 0, 0, 6]  # committed; 0 committed; none committed: the start; left alone
+
+
+def test_fausts_seek_to_committed_goes_through_the_correction_and_leaves_changelogs_alone() -> None:
+    from aiokafka import TopicPartition as TP
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+    faust_patches.apply(Settings(profile="production"))
+    sought: list[Any] = []
+
+    class _Consumer:  # what the correction asks of aiokafka's consumer, recorded
+        async def seek_to_committed(self) -> dict[Any, int | None]:
+            return {TP("events", 0): None, TP("events", 1): 7, TP("rollouts-changelog", 0): None}
+
+        async def seek_to_beginning(self, *tps: Any) -> None:
+            sought.extend(tps)
+
+    async def call_thread(fn: Any, *args: Any) -> Any:
+        return await fn(*args)
+
+    thread = SimpleNamespace(consumer=SimpleNamespace(app=SimpleNamespace(tables=SimpleNamespace(
+        changelog_topics={"rollouts-changelog"}))), _ensure_consumer=_Consumer, call_thread=call_thread)
+    committed = asyncio.run(AIOKafkaConsumerThread.seek_to_committed(thread))  # type: ignore[arg-type]
+    assert committed[TP("events", 1)] == 7
+    assert sought == [TP("events", 0)]
