@@ -24,7 +24,7 @@ from fastavro.schema import load_schema, to_parsing_canonical_form
 from pydantic import ValidationError
 
 from . import avro_fast
-from .events import BY_NAME, AvroModel
+from .events import BY_NAME, AvroModel, tagged_record
 
 AVRO_DIR = Path(__file__).parent / "avro"
 SINGLE_OBJECT_MAGIC = b"\xc3\x01"
@@ -159,7 +159,7 @@ class Codec:
         compiled = self._compiled.get(name)
         if compiled is not None:
             return compiled.encode(record, self._header(name))
-        return self.encode_record(name, record.to_wire_record())
+        return self._write(name, record.to_wire_record())
 
     def _header(self, name: str) -> bytes:
         if self.registry is not None:
@@ -169,11 +169,17 @@ class Codec:
 
     def encode_record(self, name: str, record: dict[str, Any]) -> bytes:
         """Encode an Avro record of type ``name`` that was built directly, without a model: for producers whose
-        input is already typed (the OTel exporter's spans). The builder owns the checks a model would make;
-        fastavro's writer still refuses a value its schema type cannot hold."""
+        input is already typed (the OTel exporter's spans, OTLP). Attribute values are plain (each union branch is
+        found by the value's type). The builder owns the checks a model would make; the writer still refuses a
+        value its schema type cannot hold."""
         compiled = self._compiled.get(name)
         if compiled is not None:
             return compiled.encode(record, self._header(name))
+        cls = BY_NAME.get(name)
+        return self._write(name, tagged_record(cls, record) if cls is not None else record)
+
+    def _write(self, name: str, record: dict[str, Any]) -> bytes:
+        """fastavro's writer (attribute values tagged: it spares the writer trying each branch of the union)."""
         buf = io.BytesIO()
         buf.write(self._header(name))
         fastavro.schemaless_writer(buf, self._writers[name][0], record)

@@ -131,6 +131,17 @@ class _Nested:
             return [plan.record(v, tag) for v in value]
         return {k: plan.record(v, tag) for k, v in value.items()}
 
+    def tagged(self, value: Any) -> Any:
+        """The field's record(s), built without a model, with attribute values tagged (see :meth:`_Plan.tagged`)."""
+        if value is None:
+            return None
+        plan = self.plan
+        if self.shape == "one":
+            return plan.tagged(value)
+        if self.shape == "list":
+            return [plan.tagged(v) for v in value]
+        return {k: plan.tagged(v) for k, v in value.items()}
+
 
 def _nested(annotation: Any) -> _Nested | None:
     annotation = _strip_optional(annotation)
@@ -181,6 +192,18 @@ class _Plan:
             data[name] = nested.record(data[name], tag)
         return data
 
+    def tagged(self, record: dict[str, Any]) -> dict[str, Any]:
+        """A record built without a model, as :meth:`record` with ``tag`` gives it: attribute values tagged with
+        their union branch, in new dicts (the record, whose parts may be shared, is not changed)."""
+        data = dict(record)
+        for name in self.attr_fields:
+            if data.get(name) is not None:
+                data[name] = tagged_attributes(data[name])
+        for name, nested in self.nested_items:
+            if name in data:
+                data[name] = nested.tagged(data[name])
+        return data
+
     def _parse_json(self, record: dict[str, Any]) -> dict[str, Any]:
         """The record with each JSON field parsed, in the model's field order (a model dumps in its dict's)."""
         out: dict[str, Any] = {}
@@ -205,6 +228,11 @@ class _Plan:
 
 
 _PLANS: dict[type[BaseModel], _Plan] = {}
+
+
+def tagged_record(cls: type[BaseModel], record: dict[str, Any]) -> dict[str, Any]:
+    """A record of ``cls`` built without a model, made ready for fastavro's writer (:meth:`_Plan.tagged`)."""
+    return _plan_of(cls).tagged(record)
 
 
 def _plan_of(cls: type[BaseModel]) -> _Plan:

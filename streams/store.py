@@ -47,7 +47,6 @@ from litstream.schemas.events import (
     SpanLinkRecord,
     SpanRecorded,
     WorkerObserved,
-    tagged_attributes,
 )
 from litstream.schemas.models import (
     FINISHED,
@@ -740,15 +739,10 @@ class LitStore:
         return len(batch)
 
     def _span_wire_record(self, rollout_id: str, rec: dict[str, Any]) -> dict[str, Any]:
-        """The record with this store's meta and the rollout's resources, attribute values tagged for the
-        writer (new dicts: the caller's may be shared, e.g. one resource by every span of a request)."""
+        """The record with this store's meta and the rollout's resources (a new dict: the caller's parts, e.g. one
+        resource shared by every span of a request, are only read)."""
         snap = self.rollouts.snapshots.get(rollout_id)
-
-        def tag(part: dict[str, Any]) -> dict[str, Any]:
-            return {**part, "attributes": tagged_attributes(part["attributes"])}
-
-        return {"meta": self.events.factory.meta_record(rollout_id), **tag(rec), "resource": tag(rec["resource"]),
-                "events": [tag(e) for e in rec["events"]], "links": [tag(ln) for ln in rec["links"]],
+        return {"meta": self.events.factory.meta_record(rollout_id), **rec,
                 "resources_id": snap.resources_id if snap is not None else None}
 
     def _new_span(self, rollout_id: str, attempt_id: str, span_id: str, seen: set[_SpanKey]) -> _SpanKey | None:

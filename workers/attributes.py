@@ -22,10 +22,14 @@ MAX_VALUE_BYTES = 256 << 10  # one attribute value
 MAX_SPAN_ATTRIBUTE_BYTES = 768 << 10  # all of a span's attributes, keys included: room left in a 1 MB message
 
 
+def _text_size(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", errors="surrogatepass"))
+
+
 def value_size(value: Any) -> int:
     """Bytes an attribute value takes: a string's UTF-8 length, 8 for a number, a list's elements added up."""
     if isinstance(value, str):
-        return len(value.encode("utf-8", errors="surrogatepass"))
+        return _text_size(value)
     if isinstance(value, (list, tuple)):
         return sum(value_size(v) for v in value)
     if isinstance(value, (bytes, bytearray)):
@@ -33,14 +37,18 @@ def value_size(value: Any) -> int:
     return 0 if value is None else 8
 
 
+def _over_value_limit(size: int, where: str) -> ValueError:
+    return ValueError(f"{where}: value of {size} bytes is over the {MAX_VALUE_BYTES}-byte limit of an attribute")
+
+
 def check_value_size(value: Any, where: str) -> None:
     size = value_size(value)
     if size > MAX_VALUE_BYTES:
-        raise ValueError(f"{where}: value of {size} bytes is over the {MAX_VALUE_BYTES}-byte limit of an attribute")
+        raise _over_value_limit(size, where)
 
 
 def attributes_bytes(attributes: Mapping[str, Any] | None) -> int:
-    return sum(len(str(k).encode("utf-8", errors="surrogatepass")) + value_size(v) for k, v in (attributes or {}).items())
+    return sum(_text_size(str(k)) + value_size(v) for k, v in (attributes or {}).items())
 
 
 def check_span_attributes(attributes: Mapping[str, Any], where: str = "attributes", extra_bytes: int = 0) -> None:
@@ -49,8 +57,10 @@ def check_span_attributes(attributes: Mapping[str, Any], where: str = "attribute
         raise ValueError(f"{where}: {len(attributes)} attributes, over the limit of {MAX_ATTRIBUTES} per span")
     total = extra_bytes
     for key, value in attributes.items():
-        check_value_size(value, f"{where}[{key!r}]")
-        total += len(str(key).encode("utf-8", errors="surrogatepass")) + value_size(value)
+        size = value_size(value)
+        if size > MAX_VALUE_BYTES:
+            raise _over_value_limit(size, f"{where}[{key!r}]")
+        total += _text_size(str(key)) + size
     if total > MAX_SPAN_ATTRIBUTE_BYTES:
         raise ValueError(f"{where}: {total} bytes of attributes, over the limit of {MAX_SPAN_ATTRIBUTE_BYTES} per span")
 

@@ -67,7 +67,6 @@ from litstream.schemas.events import (
     AttrValue,
     EventFactory,
     SpanRecorded,
-    tagged_attributes,
 )
 
 from .emitters import current_context
@@ -147,16 +146,11 @@ def _sequence_attr(value: Any) -> int | None:
     return None
 
 
-def _tag(attributes: dict[str, AttrValue], tag: bool) -> dict[str, Any]:
-    return tagged_attributes(attributes) if tag else attributes
-
-
-def span_record(item: _Queued, factory: EventFactory, tag: bool = True) -> dict[str, Any]:
+def span_record(item: _Queued, factory: EventFactory) -> dict[str, Any]:
     """A finished OTel span as the SpanRecorded Avro record, built directly: no model in between (a model's
     validation and dump were half of the exporter thread's time). What the model would check holds by
     construction: ids are OTel's own formatted hex, kind and status are OTel's enums, the end is not before the
-    start, the name is never empty, sequence ids are >= 1. ``tag``: attribute values in the writer's tuple
-    notation (:func:`tagged_attributes`)."""
+    start, the name is never empty, sequence ids are >= 1."""
     span = item.span
     ctx = span.context
     start = span.start_time if span.start_time is not None else time.time_ns()
@@ -170,13 +164,13 @@ def span_record(item: _Queued, factory: EventFactory, tag: bool = True) -> dict[
         "kind": span.kind.name, "status_code": span.status.status_code.name,
         "status_message": span.status.description, "start_time_ns": start,
         "end_time_ns": max(span.end_time, start) if span.end_time is not None else None,
-        "attributes": _tag(with_token_aliases(convert_attributes(span.attributes)), tag),
+        "attributes": with_token_aliases(convert_attributes(span.attributes)),
         "events": [{"name": e.name, "timestamp_ns": e.timestamp,
-                    "attributes": _tag(convert_attributes(e.attributes), tag)} for e in span.events],
+                    "attributes": convert_attributes(e.attributes)} for e in span.events],
         "links": [{"trace_id": format_trace_id(ln.context.trace_id), "span_id": format_span_id(ln.context.span_id),
                    "trace_state": ln.context.trace_state.to_header() if ln.context.trace_state else "",
-                   "attributes": _tag(convert_attributes(ln.attributes), tag)} for ln in span.links],
-        "resource": {"attributes": _tag(convert_attributes(span.resource.attributes), tag),
+                   "attributes": convert_attributes(ln.attributes)} for ln in span.links],
+        "resource": {"attributes": convert_attributes(span.resource.attributes),
                      "schema_url": span.resource.schema_url or ""},
         "scope_name": scope.name if scope else "", "scope_version": (scope.version or "") if scope else "",
         "resources_id": item.resources_id,

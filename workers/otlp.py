@@ -205,13 +205,15 @@ def attributes(kvs: Iterable[KeyValue]) -> dict[str, AttrValue]:
 
 
 def _value(value: AnyValue) -> AttrValue:
-    if value.WhichOneof("value") == "array_value":
-        return [_scalar(v) for v in value.array_value.values]
-    return _scalar(value)
-
-
-def _scalar(value: AnyValue) -> str | bool | int | float | None:
     kind = value.WhichOneof("value")
+    if kind == "string_value":  # most values: read at once
+        return value.string_value
+    if kind == "array_value":
+        return [_scalar(v, v.WhichOneof("value")) for v in value.array_value.values]
+    return _scalar(value, kind)
+
+
+def _scalar(value: AnyValue, kind: str | None) -> str | bool | int | float | None:
     if kind is None:
         return None
     if kind == "bytes_value":
@@ -229,7 +231,7 @@ def _plain(value: AnyValue) -> Any:
         return [_plain(v) for v in value.array_value.values]
     if kind == "kvlist_value":
         return {kv.key: _plain(kv.value) for kv in value.kvlist_value.values}
-    return _scalar(value)
+    return _scalar(value, kind)
 
 
 def _first(key: str, *sources: Mapping[str, AttributeValue]) -> AttributeValue:
