@@ -129,7 +129,7 @@ def test_the_seek_to_committed_offsets_takes_a_partition_with_none_back_to_its_s
             await consumer.stop()
 
     positions, committed = asyncio.run(scenario())
-    assert committed == {tps[0]: 4, tps[1]: 0, tps[2]: None, tps[3]: None}
+    assert committed == {tps[0]: 4, tps[1]: 0, tps[2]: 0, tps[3]: None}  # the start stands in for a commit
     assert positions == [4, 0, 0, 6]  # committed; 0 committed; none committed: the start; left alone
 
 
@@ -144,8 +144,11 @@ def test_fausts_seek_to_committed_goes_through_the_correction_and_leaves_changel
         async def seek_to_committed(self) -> dict[Any, int | None]:
             return {TP("events", 0): None, TP("events", 1): 7, TP("rollouts-changelog", 0): None}
 
-        async def seek_to_beginning(self, *tps: Any) -> None:
-            sought.extend(tps)
+        async def beginning_offsets(self, tps: list[Any]) -> dict[Any, int]:
+            return {tp: 3 for tp in tps}
+
+        def seek(self, tp: Any, offset: int) -> None:
+            sought.append((tp, offset))
 
     async def call_thread(fn: Any, *args: Any) -> Any:
         return await fn(*args)
@@ -153,5 +156,31 @@ def test_fausts_seek_to_committed_goes_through_the_correction_and_leaves_changel
     thread = SimpleNamespace(consumer=SimpleNamespace(app=SimpleNamespace(tables=SimpleNamespace(
         changelog_topics={"rollouts-changelog"}))), _ensure_consumer=_Consumer, call_thread=call_thread)
     committed = asyncio.run(AIOKafkaConsumerThread.seek_to_committed(thread))  # type: ignore[arg-type]
-    assert committed[TP("events", 1)] == 7
-    assert sought == [TP("events", 0)]
+    assert committed == {TP("events", 0): 3, TP("events", 1): 7, TP("rollouts-changelog", 0): None}
+    assert sought == [(TP("events", 0), 3)]
+
+
+def test_a_recovery_step_resumes_the_stream_partitions_only_after_its_seek() -> None:
+    """Faust's last recovery step resumed the source partitions, then sought them, then resumed the flow (which
+    clears what the agent had queued); records fetched between were lost. The partitions now resume after it."""
+    order: list[str] = []
+
+    class _Consumer:
+        def resume_partitions(self, tps: Any) -> None:
+            order.append(f"resume {sorted(tps)}")
+
+    app = SimpleNamespace(consumer=_Consumer(), consumer_generation_id=3)
+
+    async def faust_step(self: Any, generation_id: int = 0) -> None:
+        self.app.consumer.resume_partitions({"events-0", "events-1"})
+        order.append("seek")
+        order.append("flow resumed")
+
+    recovery = SimpleNamespace(app=app)
+    asyncio.run(faust_patches.resumed_last(faust_step)(recovery, 3))
+    assert order == ["seek", "flow resumed", "resume ['events-0', 'events-1']"]
+
+    order.clear()
+    asyncio.run(faust_patches.resumed_last(faust_step)(recovery, 2))  # a rebalance came meanwhile: left to it
+    assert order == ["seek", "flow resumed"]
+    assert "resume_partitions" not in vars(app.consumer)  # the method is the class's again
