@@ -109,7 +109,7 @@ def test_entropy_bonus_lowers_the_loss_by_coef_times_token_mean_entropy() -> Non
     adv = torch.tensor([1.0])
     plain, _ = grpo_loss(logp, logp.detach(), adv, mask, LossConfig())
     bonus, st = grpo_loss(logp, logp.detach(), adv, mask, LossConfig(entropy_coef=0.1), entropy=entropy)
-    assert float(bonus) == pytest.approx(float(plain) - 0.1 * 1.0)  # token mean of the entropy is 1.0
+    assert bonus.item() == pytest.approx(plain.item() - 0.1 * 1.0)  # token mean of the entropy is 1.0
     bonus.backward()
     assert entropy.grad is not None and entropy.grad[0].tolist() == pytest.approx([-0.05, -0.05])
     assert st.entropy == pytest.approx(2.0)  # the stats keep the summed entropy
