@@ -269,7 +269,8 @@ def _event(event: ProtoSpan.Event) -> dict[str, Any]:
     return {"name": event.name, "timestamp_ns": event.time_unix_nano or None, "attributes": attributes(event.attributes)}
 
 
-def _draft(span: ProtoSpan, resource_attrs: dict[str, AttrValue], resource: dict[str, Any]) -> Draft:
+def _draft(span: ProtoSpan, resource_attrs: dict[str, AttrValue], resource: dict[str, Any],
+           resource_bytes: int) -> Draft:
     """The span as the SpanRecorded record, built straight from the protobuf (no model in between: what a
     model would check is checked here, as the reference's Span fields were)."""
     attrs = with_token_aliases(attributes(span.attributes))  # the same readings as spans from the SDK processor
@@ -287,7 +288,7 @@ def _draft(span: ProtoSpan, resource_attrs: dict[str, AttrValue], resource: dict
     try:  # over the limits a span could not be one Kafka message
         check_span_attributes(attrs, "attributes", sum(attributes_bytes(e["attributes"]) for e in events)
                               + sum(attributes_bytes(ln["attributes"]) for ln in links)
-                              + attributes_bytes(resource["attributes"]))
+                              + resource_bytes)
     except ValueError as exc:
         raise _Rejected(str(exc)) from None
     start, end = span.start_time_unix_nano, span.end_time_unix_nano or None
@@ -310,10 +311,11 @@ def drafts_from_request(request: ExportTraceServiceRequest) -> tuple[list[Draft]
     for resource_spans in request.resource_spans:
         resource_attrs = attributes(resource_spans.resource.attributes)
         resource = {"attributes": resource_attrs, "schema_url": resource_spans.schema_url}
+        resource_bytes = attributes_bytes(resource_attrs)  # counted in each of its spans' limit: measured once
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
                 try:
-                    drafts.append(_draft(span, resource_attrs, resource))
+                    drafts.append(_draft(span, resource_attrs, resource, resource_bytes))
                 except _Rejected as exc:
                     rejected[str(exc)] += 1
     return drafts, rejected
