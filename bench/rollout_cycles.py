@@ -6,7 +6,8 @@ through three phases, each a Store API call per rollout that returns once its ef
 (dequeue, which first waits for this store's enqueues to be folded) until all are claimed, then
 update_attempt(rid, "latest", status="succeeded") (once the processor has folded it and this process has read the
 snapshot back); then wait_for_rollouts until all succeeded.
-Once with one call in flight, once with 64 (asyncio tasks over one store), then enqueue_many_rollouts on its own.
+Once with one call in flight, once with 64 (asyncio tasks over one store), then enqueue_many_rollouts on its own
+(as many rollouts as each baseline run enqueues).
 
 Agent Lightning 0.3.0: InMemoryLightningStore (default scan_debounce_seconds), the same phases with the same calls,
 sequential and with 64 asyncio tasks, in its own virtualenv.
@@ -32,10 +33,10 @@ TITLE = "rollout cycles/s (enqueue -> claim -> succeeded) through LitStore, with
 @dataclass(frozen=True)
 class Sizes:
     sequential: int  # rollouts through the one-in-flight cycle (each call is a trip through the log)
-    concurrent: int  # rollouts through the 64-in-flight cycle, and enqueued once more by enqueue_many
+    concurrent: int  # rollouts through the 64-in-flight cycle
     concurrency: int
     batch: int  # enqueue_many_rollouts and dequeue_many_rollouts batch
-    agl_n: int
+    agl_n: int  # rollouts of each baseline run, and of litstream's enqueue_many (the same size on both sides)
     agl_repeats: int
 
 
@@ -91,8 +92,8 @@ async def litstream_runs(ctx: Context, sizes: Sizes, settings: Any) -> dict[str,
         sequential = await cycle(store, sizes.sequential, 1, sizes.batch)
         ctx.step(f"litstream: {sizes.concurrent} rollouts, {sizes.concurrency} calls in flight")
         concurrent = await cycle(store, sizes.concurrent, sizes.concurrency, sizes.batch)
-        ctx.step(f"litstream: enqueue_many_rollouts of {sizes.concurrent} rollouts, batches of {sizes.batch}")
-        many = await enqueue_many(store, sizes.concurrent, sizes.batch)
+        ctx.step(f"litstream: enqueue_many_rollouts of {sizes.agl_n} rollouts, batches of {sizes.batch}")
+        many = await enqueue_many(store, sizes.agl_n, sizes.batch)
     finally:
         await store.close()
     return {"sequential": sequential, "concurrent": concurrent, "enqueue_many": many}
@@ -112,7 +113,7 @@ def litstream_rows(sizes: Sizes, runs: dict[str, Any]) -> list[Row]:
         rate_row(f"litstream cycles, {k} calls in flight", [conc["total"]], sizes.concurrent,
                  note=_phases(sizes.concurrent, conc, f"dequeue_many_rollouts({sizes.batch})",
                               f"; {k} tasks for enqueue and update, claims one at a time (the store's limit)")),
-        rate_row(f"litstream enqueue_many_rollouts({sizes.batch})", [runs["enqueue_many"]], sizes.concurrent,
+        rate_row(f"litstream enqueue_many_rollouts({sizes.batch})", [runs["enqueue_many"]], sizes.agl_n,
                  note="rollouts/s; each batch returns once the broker holds it, with the state the pure fold gives (the processor folds them meanwhile)"),
     ]
 
