@@ -37,12 +37,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from litstream.infra.kafka import read_partition_ends
 from litstream.infra.settings import Settings
 
+log = logging.getLogger("litstream.lifecycle")
 _applied: set[str] = set()
 _side_flushes: list[Callable[[], Awaitable[None]]] = []
 
@@ -122,6 +124,9 @@ async def seek_to_committed_or_start(consumer: Any, leave: Callable[[Any], bool]
         for tp in from_start:
             consumer.seek(tp, starts[tp])
             committed[tp] = starts[tp]
+    sought = {f"{tp.topic}[{tp.partition}]": (offset, "start" if tp in from_start else "committed")
+              for tp, offset in committed.items() if not leave(tp)}
+    log.info("reading on from %s", ", ".join(f"{k} at {o} ({why})" for k, (o, why) in sorted(sought.items())))
     return committed
 
 
