@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from types import UnionType
 from typing import Any, ClassVar, Literal, Self, Union, get_args, get_origin
 
@@ -110,37 +111,27 @@ class _Nested:
             self._plan = _plan_of(self.cls)
         return self._plan
 
-    def load(self, value: Any) -> Any:
+    def _each(self, value: Any, convert: Callable[[Any], Any]) -> Any:
+        """``convert`` applied to the field's one value, or to each of its list or dict (None stays None)."""
         if value is None:
             return None
-        plan = self.plan
         if self.shape == "one":
-            return plan.load(value)
+            return convert(value)
         if self.shape == "list":
-            return [plan.load(v) for v in value]
-        return {k: plan.load(v) for k, v in value.items()}
+            return [convert(v) for v in value]
+        return {k: convert(v) for k, v in value.items()}
+
+    def load(self, value: Any) -> Any:
+        return self._each(value, self.plan.load)
 
     def record(self, value: Any, tag: bool) -> Any:
         """The field's model(s) -> Avro record(s)."""
-        if value is None:
-            return None
         plan = self.plan
-        if self.shape == "one":
-            return plan.record(value, tag)
-        if self.shape == "list":
-            return [plan.record(v, tag) for v in value]
-        return {k: plan.record(v, tag) for k, v in value.items()}
+        return self._each(value, lambda v: plan.record(v, tag))
 
     def tagged(self, value: Any) -> Any:
         """The field's record(s), built without a model, with attribute values tagged (see :meth:`_Plan.tagged`)."""
-        if value is None:
-            return None
-        plan = self.plan
-        if self.shape == "one":
-            return plan.tagged(value)
-        if self.shape == "list":
-            return [plan.tagged(v) for v in value]
-        return {k: plan.tagged(v) for k, v in value.items()}
+        return self._each(value, self.plan.tagged)
 
 
 def _nested(annotation: Any) -> _Nested | None:
