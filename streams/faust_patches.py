@@ -30,7 +30,14 @@
    before its seek, so records fetched meanwhile went to the agent's queue, which resuming the flow clears, while
    its fetcher had already marked them read past the seek (seen: one claim skipped in the middle of a partition).
 
-5. **A short fetch wait** (embedded broker only). Faust builds its aiokafka consumer with a fixed 1.5 s fetch wait,
+5. **A fetch asks for the partitions active when it starts** (every profile). Faust hands aiokafka its live set of
+   active partitions, and aiokafka reads an empty set as "every partition". When the set emptied during a fetch
+   (the changelogs paused at the end of a recovery, the source partitions not yet resumed), the fetch returned
+   the source partitions' buffered records; Faust dropped them as not active, past the seek that should have
+   brought them back (seen: a claim written while no worker ran, never folded). Patched: the fetch gets a copy of
+   the set, and an empty copy fetches nothing.
+
+6. **A short fetch wait** (embedded broker only). Faust builds its aiokafka consumer with a fixed 1.5 s fetch wait,
    which the embedded broker always waits out: every hop through a Faust agent would cost ~0.75 s.
 """
 
@@ -55,6 +62,7 @@ def apply(settings: Settings) -> None:
     _side_producers_flushed()
     _uncommitted_read_from_start()
     _streams_resumed_after_the_seek()
+    _fetch_of_the_active_partitions()
     if settings.profile == "local":
         _short_fetch_wait(settings.local_fetch_wait_ms)
         _true_changelog_ends(settings)
@@ -173,6 +181,23 @@ def _streams_resumed_after_the_seek() -> None:
     _applied.add("resume-last")
 
 
+def _fetch_of_the_active_partitions() -> None:
+    if "fetch-active" in _applied:
+        return
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+    getmany = AIOKafkaConsumerThread.getmany
+
+    async def getmany_of_a_copy(self: Any, active_partitions: Any, timeout: float) -> Any:
+        if active_partitions is None:  # client-only mode: every partition
+            return await getmany(self, None, timeout)
+        wanted = frozenset(active_partitions)  # the set as it is now, not as it may be when records arrive
+        return await getmany(self, wanted, timeout) if wanted else {}  # type: ignore[arg-type] # read only
+
+    AIOKafkaConsumerThread.getmany = getmany_of_a_copy  # type: ignore[method-assign]
+    _applied.add("fetch-active")
+
+
 def _short_fetch_wait(wait_ms: int) -> None:
     if "fetch-wait" in _applied:
         return
@@ -203,3 +228,4 @@ def _true_changelog_ends(settings: Settings) -> None:
 
     AIOKafkaConsumerThread._highwaters = true_highwaters  # type: ignore[method-assign]
     _applied.add("highwaters")
+
