@@ -30,12 +30,13 @@
    before its seek, so records fetched meanwhile went to the agent's queue, which resuming the flow clears, while
    its fetcher had already marked them read past the seek (seen: one claim skipped in the middle of a partition).
 
-5. **A fetch asks for the partitions active when it starts** (every profile). Faust hands aiokafka its live set of
+5. **An emptied set of active partitions fetches none** (every profile). Faust hands aiokafka its live set of
    active partitions, and aiokafka reads an empty set as "every partition". When the set emptied during a fetch
    (the changelogs paused at the end of a recovery, the source partitions not yet resumed), the fetch returned
    the source partitions' buffered records; Faust dropped them as not active, past the seek that should have
-   brought them back (seen: a claim written while no worker ran, never folded). Patched: the fetch gets a copy of
-   the set, and an empty copy fetches nothing.
+   brought them back (seen: a claim written while no worker ran, never folded). Patched: the fetch sees the set
+   through :class:`ActivePartitions`, which follows it as it changes (a partition resumed while the fetch waits
+   is taken when the fetch next wakes, as before) but is never "every partition".
 
 6. **A short fetch wait** (embedded broker only). Faust builds its aiokafka consumer with a fixed 1.5 s fetch wait,
    which the embedded broker always waits out: every hop through a Faust agent would cost ~0.75 s.
@@ -45,7 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Set
 from typing import Any
 
 from litstream.infra.kafka import read_partition_ends
@@ -62,7 +63,7 @@ def apply(settings: Settings) -> None:
     _side_producers_flushed()
     _uncommitted_read_from_start()
     _streams_resumed_after_the_seek()
-    _fetch_of_the_active_partitions()
+    _emptied_set_fetches_none()
     if settings.profile == "local":
         _short_fetch_wait(settings.local_fetch_wait_ms)
         _true_changelog_ends(settings)
@@ -181,20 +182,39 @@ def _streams_resumed_after_the_seek() -> None:
     _applied.add("resume-last")
 
 
-def _fetch_of_the_active_partitions() -> None:
+class ActivePartitions:
+    """Faust's live set of active partitions as aiokafka's fetch reads it (``partitions and tp not in partitions``):
+    membership follows the set while the fetch waits, and the view is never empty, so an emptied set means no
+    partition rather than aiokafka's "every partition"."""
+
+    __slots__ = ("_live",)
+
+    def __init__(self, live: Set[Any]) -> None:
+        self._live = live
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __contains__(self, tp: object) -> bool:
+        return tp in self._live
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(list(self._live))  # a copy: the set changes on the event loop's thread
+
+
+def _emptied_set_fetches_none() -> None:
     if "fetch-active" in _applied:
         return
     from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 
     getmany = AIOKafkaConsumerThread.getmany
 
-    async def getmany_of_a_copy(self: Any, active_partitions: Any, timeout: float) -> Any:
+    async def getmany_of_the_active(self: Any, active_partitions: Any, timeout: float) -> Any:
         if active_partitions is None:  # client-only mode: every partition
             return await getmany(self, None, timeout)
-        wanted = frozenset(active_partitions)  # the set as it is now, not as it may be when records arrive
-        return await getmany(self, wanted, timeout) if wanted else {}  # type: ignore[arg-type] # read only
+        return await getmany(self, ActivePartitions(active_partitions), timeout)  # type: ignore[arg-type]
 
-    AIOKafkaConsumerThread.getmany = getmany_of_a_copy  # type: ignore[method-assign]
+    AIOKafkaConsumerThread.getmany = getmany_of_the_active  # type: ignore[method-assign]
     _applied.add("fetch-active")
 
 

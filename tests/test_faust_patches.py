@@ -186,12 +186,13 @@ def test_a_recovery_step_resumes_the_stream_partitions_only_after_its_seek() -> 
     assert "resume_partitions" not in vars(app.consumer)  # the method is the class's again
 
 
-def test_a_fetch_returns_no_records_of_partitions_it_did_not_ask_for_when_the_active_set_empties(
+def test_a_fetch_whose_active_set_empties_returns_nothing_and_follows_a_partition_resumed_meanwhile(
         settings: Settings) -> None:
     """Faust passes its live set of active partitions to a fetch, and aiokafka reads an empty set as "every
     partition". At the end of a recovery the set empties while a fetch waits (changelogs paused, source partitions
     not resumed yet): the fetch handed over the source partitions' buffered records, which Faust dropped, their
-    positions moved past them for good. The fetch now asks for the partitions active when it starts."""
+    positions moved past them for good. Now an emptied set fetches nothing, and a partition resumed while the fetch
+    waits is still fetched in that same call."""
     from functools import partial
 
     from aiokafka import AIOKafkaConsumer
@@ -201,18 +202,22 @@ def test_a_fetch_returns_no_records_of_partitions_it_did_not_ask_for_when_the_ac
     faust_patches.apply(Settings(profile="production"))
     topic = f"{settings.topic_prefix}.fetch"
     client = admin(settings)
-    client.create_topics([NewTopic(topic, num_partitions=3, replication_factor=-1)])[topic].result()
+    client.create_topics([NewTopic(topic, num_partitions=4, replication_factor=-1)])[topic].result()
     producer = Producer({"bootstrap.servers": settings.bootstrap_servers})
     for p in (0, 1):
         for i in range(3):
             producer.produce(topic, f"v{i}".encode(), partition=p)
     producer.flush()
-    tps = [TP(topic, p) for p in range(3)]
+    tps = [TP(topic, p) for p in range(4)]
+
+    def wake_the_fetch(partition: int) -> None:  # a record on an empty partition completes a fetch, which wakes
+        producer.produce(topic, b"late", partition=partition)  # the waiting call
+        producer.flush()
 
     async def call_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
         return await fn(*args, **kwargs)
 
-    async def scenario() -> tuple[set[Any], list[int]]:
+    async def scenario() -> tuple[dict[Any, int], list[int]]:
         consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False)
         await consumer.start()
         try:
@@ -223,17 +228,20 @@ def test_a_fetch_returns_no_records_of_partitions_it_did_not_ask_for_when_the_ac
             thread = SimpleNamespace(consumer=SimpleNamespace(flow_active=True), _ensure_consumer=lambda: consumer,
                                      call_thread=call_thread)
             thread._fetch_records = partial(AIOKafkaConsumerThread._fetch_records, thread)
-            active = {tps[2]}  # Faust's live set: only the empty partition is active
-            fetch = asyncio.ensure_future(AIOKafkaConsumerThread.getmany(thread, active, 5.0))  # type: ignore[arg-type]
+            active = {tps[2]}  # Faust's live set
+            fetch = asyncio.ensure_future(AIOKafkaConsumerThread.getmany(thread, active, 10.0))  # type: ignore[arg-type]
             await asyncio.sleep(0.3)
             active.clear()  # paused while the fetch waits
-            producer.produce(topic, b"late", partition=2)  # a record arrives and wakes the waiting fetch
-            producer.flush()
-            got = await fetch
-            return set(got), [await consumer.position(tp) for tp in tps[:2]]
+            wake_the_fetch(2)
+            await asyncio.sleep(0.5)
+            assert not fetch.done()  # nothing handed over: the set is empty
+            active.add(tps[1])  # resumed while the fetch still waits
+            wake_the_fetch(3)
+            got = await asyncio.wait_for(fetch, 5.0)
+            return {tp: len(records) for tp, records in got.items()}, [await consumer.position(tp) for tp in tps[:2]]
         finally:
             await consumer.stop()
 
     fetched, positions = asyncio.run(scenario())
-    assert fetched <= {tps[2]}
-    assert positions == [0, 0]  # partitions 0 and 1 are still to be read
+    assert fetched == {tps[1]: 3}
+    assert positions == [0, 3]  # partition 0 is still to be read
