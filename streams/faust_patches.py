@@ -248,4 +248,3 @@ def _true_changelog_ends(settings: Settings) -> None:
 
     AIOKafkaConsumerThread._highwaters = true_highwaters  # type: ignore[method-assign]
     _applied.add("highwaters")
-
