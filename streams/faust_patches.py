@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Set
+from collections.abc import Awaitable, Callable, Mapping, Set
 from typing import Any
 
 from litstream.infra.kafka import read_partition_ends
@@ -197,9 +197,6 @@ class ActivePartitions:
 
     def __contains__(self, tp: object) -> bool:
         return tp in self._live
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(list(self._live))  # a copy: the set changes on the event loop's thread
 
 
 def _emptied_set_fetches_none() -> None:

@@ -1,6 +1,7 @@
 """The corrections to Faust (streams/faust_patches.py): a commit's flush drains the changelog buffer and the
-processors' own producers, the changelog end is read, not taken from the embedded broker's ListOffsets, and the
-seek to the committed offsets takes a partition with none back to its start."""
+processors' own producers, the changelog end is read, not taken from the embedded broker's ListOffsets, the seek to
+the committed offsets takes a partition with none back to its start, a recovery resumes the source partitions after
+its seek, and a fetch whose set of active partitions empties fetches nothing."""
 
 from __future__ import annotations
 
