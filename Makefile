@@ -5,23 +5,18 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install s3rver baseline demo test lint bench compose-check up clean
+.PHONY: install baseline demo test lint bench compose-check up clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml schemas/_avro.c
+# Python packages into .venv (torch's wheels are cached by pip after the first download), then the embedded Apache
+# Kafka broker's jars from Maven Central (infra/pom.xml, cached in ~/.m2; needs Java 17+ and Maven).
+$(STAMP): pyproject.toml schemas/_avro.c infra/pom.xml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]' -c constraints-cpu.txt
+	$(BIN)/python -m litstream.infra.broker install
 	@touch $(STAMP)
-
-# A file-backed S3 server (npm) for the storage benchmark's Tansu-on-s3:// rows (bench/broker_storage.py); the
-# stack does not need it.
-S3RVER_JS := $(VENV)/s3rver/node_modules/s3rver/bin/s3rver.js
-s3rver:
-	@test -f $(S3RVER_JS) || { command -v npm >/dev/null && \
-	  npm install --silent --no-save --no-package-lock --no-audit --no-fund --prefix $(VENV)/s3rver s3rver@3.7.1; } || \
-	  echo "npm not found: the storage benchmark's s3rver rows need node and npm (apt-get install nodejs npm)"
 
 # Agent Lightning 0.3.0 in its own virtualenv (.venv-agl; its pins conflict with Faust's): the benchmarks' baseline
 # and the compatibility tests' stock client. Made once; a no-op when it is there.

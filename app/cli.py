@@ -182,28 +182,29 @@ def child_specs(settings: Settings, runners: bool, with_gateway: bool, train: bo
 @click.option("--policy-server/--no-policy-server", "with_policy_server", default=True, show_default=True,
               help="Serve the policy over the OpenAI API (LITSTREAM_POLICY_SERVER_PORT, 8090).")
 @click.option("--ephemeral", is_flag=True,
-              help="Keep the broker's log in memory (the default; lost when the stack stops) even when "
-                   "LITSTREAM_BROKER_STORAGE=durable asks for it on disk under the data dir.")
+              help="Keep the broker's log in a throwaway directory, removed when the stack stops (the default "
+                   "keeps it under the data dir: LITSTREAM_BROKER_STORAGE=durable).")
 def up(runners: bool, with_gateway: bool, train: bool, max_restarts: int, with_policy_server: bool,
        ephemeral: bool) -> None:
-    """Run the embedded broker and every processor in the foreground; Ctrl-C stops them all.
+    """Run the embedded Kafka broker and every processor in the foreground; Ctrl-C stops them all.
 
     A child that crashes is restarted with backoff; one that keeps failing stops the stack, and `up` exits 1
     naming it with the last lines of its log (all logs are in <data dir>/logs). One stack per data dir.
 
     The broker's log is kept on disk under the data dir (LITSTREAM_DATA_DIR, default .litstream): stop the stack
-    and start it again, and every rollout, span, resource and offset is still there.
+    (Ctrl-C, or even kill every process) and start it again, and every rollout, span, resource and offset is still
+    there.
 
     \b
     Example:
-      litstream up --runners              # log in .litstream/log, kept across restarts
-      litstream up --ephemeral            # log in memory
+      litstream up --runners              # log in .litstream/kafka, kept across restarts
+      litstream up --ephemeral            # log in a temporary directory, gone at the stop
     """
     from .stack import ChildFailedError, RestartPolicy, Stack, StackLockedError
 
     settings = Settings()
     if ephemeral:
-        settings = settings.model_copy(update={"broker_storage": "memory"})
+        settings = settings.model_copy(update={"broker_storage": "ephemeral"})
     stack = Stack(settings, echo=sys.stdout, policy=RestartPolicy(max_restarts=max_restarts))
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     code = 0
@@ -234,8 +235,8 @@ def _start_stack(stack: Any, specs: list[tuple[str, list[str]]], with_gateway: b
     settings = stack.settings
     bootstrap = stack.start_broker()
     created = stack.create_topics()
-    console.print(f"[bold]broker[/] on {bootstrap} ({len(created)} topics created; log "
-                  f"{'on disk' if settings.broker_storage == 'durable' else 'in memory'}); "
+    log = stack.broker.storage if stack.broker is not None else "?"
+    console.print(f"[bold]broker[/] Apache Kafka on {bootstrap} ({len(created)} topics created; log {log}); "
                   f"data in {settings.data_dir.resolve()}")
     for name, args in specs:
         stack.start(name, *args)
@@ -291,13 +292,12 @@ def _mb(n: int) -> str:
 
 
 def _log_disk_row(table: Any, settings: Settings) -> None:
-    """Disk used by the data dir's parts: the durable log, chDB, the processors' local tables. (The durable log is
-    one snapshot file for every topic: no size per topic to read.)"""
+    """Disk used by the data dir's parts: the broker's log, chDB, the processors' local tables."""
     import shutil
 
-    from litstream.infra.log_storage import MIN_FREE_BYTES
+    from litstream.infra.broker import MIN_FREE_BYTES
 
-    parts = {name: _dir_bytes(settings.data_dir / name) for name in ("log", "chdb", "faust")}
+    parts = {name: _dir_bytes(settings.data_dir / name) for name in ("kafka", "chdb", "faust")}
     if not settings.data_dir.is_dir() or not any(parts.values()):
         return
     free = shutil.disk_usage(settings.data_dir).free

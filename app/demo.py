@@ -58,15 +58,15 @@ def fresh_stack(settings: Settings, console: Console, banner: str) -> Iterator[S
     shutil.rmtree(run_dir, ignore_errors=True)
     update: dict[str, object] = {"data_dir": run_dir, "clickhouse_dsn": None}
     if "broker_storage" not in settings.model_fields_set:
-        # A demo starts from an empty directory each run, and the durable log ran the soak ~7x slower than
-        # memory (docs/durable-log.md): memory unless LITSTREAM_BROKER_STORAGE asks for the disk.
-        update["broker_storage"] = "memory"
+        # A demo starts from an empty directory each run: its log is thrown away at the end unless
+        # LITSTREAM_BROKER_STORAGE=durable asks to keep it under the run's directory.
+        update["broker_storage"] = "ephemeral"
     with Stack(settings.model_copy(update=update)) as stack:
         console.print(f"{banner}; data in {run_dir}")
         bootstrap = stack.start_broker()
         stack.create_topics()
-        where = "on disk" if stack.settings.broker_storage == "durable" else "in memory"
-        console.print(f"  broker on {bootstrap} (log {where}); topics created")
+        where = stack.broker.storage if stack.broker is not None else "?"
+        console.print(f"  broker (Apache Kafka) on {bootstrap} (log {where}); topics created")
         yield stack
 
 

@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from litstream.infra import health
-from litstream.infra.broker import EmbeddedBroker
+from litstream.infra.broker import KafkaBroker
 from litstream.infra.kafka import create_topics, wait_for_broker
-from litstream.infra.log_storage import EmbeddedLog
 from litstream.infra.settings import Settings
 
 STACK_FILE = "stack.json"
@@ -41,7 +40,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-def write_stack_file(settings: Settings, broker: EmbeddedBroker, **extra: Any) -> None:
+def write_stack_file(settings: Settings, broker: KafkaBroker, **extra: Any) -> None:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     tmp = settings.data_dir / f".{STACK_FILE}.{os.getpid()}"
     tmp.write_text(json.dumps({
@@ -196,7 +195,7 @@ class Stack:
         self.settings = settings
         self.echo = echo
         self.policy = policy or RestartPolicy()
-        self.broker: EmbeddedBroker | None = None
+        self.broker: KafkaBroker | None = None
         self.children: dict[str, _Child] = {}
         self.lock = StackLock(settings.data_dir)
         self.log_dir = settings.data_dir / "logs"
@@ -212,18 +211,19 @@ class Stack:
         self.log_dir.mkdir(parents=True, exist_ok=True)
 
     def start_broker(self) -> str:
-        """The embedded broker on the settings' storage (``broker_storage``: durable on disk, or memory)."""
+        """The embedded Kafka broker, its log under ``<data_dir>/kafka`` (``broker_storage=durable``) or in a
+        throwaway directory (``ephemeral``)."""
         self.acquire()
-        log = EmbeddedLog(self.settings.broker_storage, self.settings.data_dir, self.log_dir)
-        unclean = (self.settings.data_dir / STACK_FILE).exists()  # the last run did not stop cleanly
-        if not log.durable or unclean or not log.root.exists():
-            # Local copies of tables built from the log (the lifecycle processor's RocksDB store) are rebuilt
-            # from it: the log starts empty (memory), or may have lost its last writes (a killed durable log).
+        durable = self.settings.broker_storage == "durable"
+        log_dir = self.settings.data_dir / "kafka"
+        if not durable or not (log_dir / "data" / "meta.properties").exists():
+            # Local copies of tables built from the log (the lifecycle processor's RocksDB store) belong to a log
+            # that is gone: they are rebuilt from the new one.
             shutil.rmtree(self.settings.data_dir / "faust", ignore_errors=True)
-        self.broker = log.start()
-        # The durable log's minimum group session (6 s) is applied by every client: infra/profiles.py.
-        self.settings = self.settings.model_copy(update={"bootstrap_servers": self.broker.bootstrap,
-                                                         "broker_storage": "durable" if log.durable else "memory"})
+        self.broker = KafkaBroker(log_dir.resolve() if durable else None, heap_mb=self.settings.broker_heap_mb,
+                                  log_path=self.log_dir / "broker.log")
+        self.broker.start()
+        self.settings = self.settings.model_copy(update={"bootstrap_servers": self.broker.bootstrap})
         write_stack_file(self.settings, self.broker)
         return self.broker.bootstrap
 
@@ -262,8 +262,7 @@ class Stack:
         Raises :class:`ChildFailedError` for a child past its restarts, RuntimeError when the broker died."""
         now = time.monotonic() if now is None else now
         if self.broker is not None and not self.broker.alive():
-            raise RuntimeError(f"the embedded broker exited (code {self.broker.proc.returncode if self.broker.proc else '?'}"
-                               f"); its log is {self.log_dir / 'broker.log'}")
+            raise RuntimeError(self.broker.failure(f"exited (code {self.broker.proc.returncode if self.broker.proc else '?'})"))
         events: list[str] = []
         for name, child in self.children.items():
             if child.restart_at is not None:

@@ -382,8 +382,6 @@ class Trainer:
         run_dir = self.settings.data_dir / self.run_name
         _clear_run_dir(run_dir, keep=["checkpoints", "trainer-metrics.jsonl"] if self.resume else [])
         update: dict[str, object] = {"data_dir": run_dir, "clickhouse_dsn": None}
-        if "broker_storage" not in self.settings.model_fields_set:
-            update["broker_storage"] = "memory"  # a fresh run each time, as the demos: the memory log is faster
         with Stack(self.settings.model_copy(update=update)) as stack:
             self.console.print(f"[bold]litstream train[/]: {self.algorithm.name}, {self.n_runners} runner(s) x "
                                f"{self.concurrency} slots, agent {agent}; data in {run_dir}")
@@ -454,7 +452,7 @@ class Trainer:
 
 
 def _clear_run_dir(run_dir: Path, keep: list[str]) -> None:
-    """The embedded broker starts empty, so does its data dir, but for what ``keep`` names (to resume)."""
+    """Each run starts from an empty data dir and broker log, but for what ``keep`` names (to resume)."""
     import shutil
 
     if not run_dir.exists():

@@ -32,7 +32,6 @@ BENCHMARKS: dict[str, str] = {
     "agent_loop": "litstream.bench.agent_loop",
     "report_queries": "litstream.bench.report_queries",
     "trainer": "litstream.bench.trainer",
-    "broker_storage": "litstream.bench.broker_storage",
     "policy_server": "litstream.bench.policy_server",
 }
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from litstream.infra.broker import EmbeddedBroker
+from litstream.infra.broker import KafkaBroker
 from litstream.infra.kafka import consumer, create_topics, flush_or_raise, producer, read_to_end
 from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
@@ -376,7 +376,7 @@ def broker_rows(ctx: Context, sizes: Sizes, spans: list[SpanRecorded], values: l
                  "EventProducer.send")
         # A fresh broker per repeat: every repeat starts from the same (empty) broker state, and one repeat's
         # records do not sit in the in-memory storage of the next.
-        with EmbeddedBroker() as broker:
+        with KafkaBroker() as broker:
             settings = Settings(bootstrap_servers=broker.bootstrap, topic_prefix=f"{base}-{r}",
                                 partitions=PARTITIONS)
             create_topics(settings)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from litstream.app.stack import Stack
-from litstream.infra.broker import EmbeddedBroker
+from litstream.infra.broker import KafkaBroker
 from litstream.infra.kafka import create_topics
 from litstream.infra.runtime import tune_gc_for_service
 from litstream.infra.settings import Settings
@@ -36,12 +36,12 @@ AGL = AGL_REQUIREMENT.replace("==", " ")  # "agentlightning 0.3.0", the prefix o
 
 
 @contextmanager
-def embedded_broker(ctx: Context, name: str) -> Iterator[tuple[EmbeddedBroker, Settings]]:
+def embedded_broker(ctx: Context, name: str) -> Iterator[tuple[KafkaBroker, Settings]]:
     """An embedded broker of this benchmark's own, the catalogue's topics created, and a scratch data dir."""
     with tempfile.TemporaryDirectory(prefix=f"litstream-bench-{name}-", ignore_cleanup_errors=True) as tmp:
         data = Path(tmp)
         ctx.step(f"starting the embedded broker (data dir {data})")
-        with EmbeddedBroker(log_path=data / "broker.log") as broker:
+        with KafkaBroker(log_path=data / "broker.log") as broker:
             settings = Settings(bootstrap_servers=broker.bootstrap, partitions=PARTITIONS, data_dir=data / "data",
                                 topic_prefix=f"bench-{name.replace('_', '-')}-{secrets.token_hex(3)}")
             create_topics(settings)

@@ -119,14 +119,14 @@ def _triplet(i: int, rng: random.Random) -> TripletEmitted:
 
 
 def intake_rows(ctx: Context, sizes: Sizes) -> list[Row]:
-    from litstream.infra.broker import EmbeddedBroker
+    from litstream.infra.broker import KafkaBroker
     from litstream.infra.kafka import consumer, create_topics, poll_batch
     from litstream.infra.producer import EventProducer
     from litstream.infra.settings import Settings
     from litstream.trainer.windows import WindowConfig, Windower
 
     rng = random.Random(0)
-    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
+    with tempfile.TemporaryDirectory() as tmp, KafkaBroker() as broker:
         settings = Settings(bootstrap_servers=broker.bootstrap, topic_prefix=f"b{uuid.uuid4().hex[:8]}",
                             partitions=4, data_dir=Path(tmp))
         create_topics(settings)

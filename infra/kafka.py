@@ -14,7 +14,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer, Topic
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from . import metrics
-from .profiles import consumer_profile, security_config
+from .client_config import group_config, security_config
 from .settings import Settings
 from .topics import physical_topics
 
@@ -73,7 +73,7 @@ def consumer(settings: Settings, group_id: str, **overrides: Any) -> _Consumer:
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         "log.connection.close": False,
-        **consumer_profile(settings),
+        **group_config(settings),
         **security_config(settings),
         **metrics.kafka_stats_config(group_id),  # lag for /metrics, when this process serves it
         **_CLIENT_EXTRAS,
@@ -127,7 +127,7 @@ def wait_for_broker(settings: Settings, timeout: float = 30.0) -> None:
 
 class PartitionEnds:
     """Which partitions a consumer has read to their end, from the end-of-partition events it gets while fetching
-    (``enable.partition.eof``) — never from ListOffsets, which the embedded broker answers wrongly."""
+    (``enable.partition.eof``): the end as this consumer saw it, with no extra request."""
 
     def __init__(self) -> None:
         self.at_end: set[int] = set()
@@ -260,47 +260,10 @@ def flush_or_raise(p: Producer, timeout: float = 30.0) -> None:
         raise TimeoutError(f"{left} messages were not delivered within {timeout:.0f}s; is the broker up?")
 
 
-def read_partition_ends(settings: Settings, starts: Iterable[tuple[Any, int]],
-                        timeout: float = 60.0) -> dict[tuple[str, int], int]:
-    """The next offset to be written of each partition, read from ``start - 1`` (a lower bound such as the
-    embedded broker's "latest") to the end-of-partition event. ``starts``: (topic-partition, offset) pairs."""
-    wanted = [(str(tp.topic), int(tp.partition), int(offset)) for tp, offset in starts]
-    if not wanted:
-        return {}
-    ends = {(t, p): max(0, o - 1) for t, p, o in wanted}
-    c = consumer(settings, group_id=f"changelog-ends-{os.getpid()}-{time.monotonic_ns()}",
-                 **{"enable.partition.eof": True})
-    try:
-        c.assign([TopicPartition(t, p, ends[(t, p)]) for t, p, _ in wanted])
-        at_end: set[tuple[str, int]] = set()
-        deadline = time.monotonic() + timeout
-        while len(at_end) < len(ends):
-            if time.monotonic() > deadline:
-                missing = sorted(set(ends) - at_end)
-                raise TimeoutError(f"changelog partitions not read to their end within {timeout:.0f}s: {missing}")
-            for msg in c.consume(num_messages=1000, timeout=0.5):
-                key = (str(msg.topic()), int(msg.partition() or 0))
-                err = msg.error()
-                if err is None:
-                    ends[key] = max(ends[key], int(msg.offset() or 0) + 1)
-                    at_end.discard(key)
-                elif err.code() == KafkaError._PARTITION_EOF:
-                    ends[key] = max(ends[key], int(msg.offset() or 0))
-                    at_end.add(key)
-        return ends
-    finally:
-        c.close()
-
-
 def end_offsets(settings: Settings, topic: str, partitions: list[int]) -> dict[int, int]:
-    """The next offset each partition will be written at: the reported high-water mark, read on to the true end
-    on the embedded broker (whose ListOffsets answers the last batch's base offset + 1)."""
+    """The next offset each partition will be written at (its high-water mark)."""
     c = consumer(settings, group_id=f"{topic}-ends")
     try:
-        reported = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions}
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions}
     finally:
         c.close()
-    if settings.profile != "local":
-        return reported
-    ends = read_partition_ends(settings, [(TopicPartition(topic, p), o) for p, o in reported.items()])
-    return {p: ends[(topic, p)] for p in partitions}

@@ -17,7 +17,7 @@ PREFIX = "LITSTREAM_"
 OTHER_VARIABLES = frozenset({"LITSTREAM_FAILPOINTS", "LITSTREAM_SLOW", "LITSTREAM_VLLM_PYTHON", "LITSTREAM_AGL_VENV",
                              "LITSTREAM_MODEL_CACHE", "LITSTREAM_POLICY_UPSTREAM_API_KEY",
                              "LITSTREAM_REQUIRE_BROWSER", "LITSTREAM_SCREENSHOTS",
-                             "LITSTREAM_NOIDA_DB", "LITSTREAM_S3RVER"})
+                             "LITSTREAM_KAFKA_CLASSPATH"})
 
 
 class UnknownSettingError(ValueError):
@@ -41,13 +41,12 @@ def check_environment(env: Mapping[str, str], fields: list[str]) -> None:
 class Settings(BaseSettings):
     """Where the pipeline's parts are and how to talk to them.
 
-    ``profile`` picks the client settings for the broker in use: ``local`` carries the workarounds the
-    embedded broker (Tansu) needs, ``production`` is plain Apache Kafka. See ``infra/profiles.py``.
+    The embedded broker and the production one are both Apache Kafka, so every client is built the same way
+    against either (``infra/kafka.py``).
     """
 
     model_config = SettingsConfigDict(env_prefix="LITSTREAM_", extra="ignore")
 
-    profile: Literal["local", "production"] = "local"
     bootstrap_servers: str = "127.0.0.1:9092"
     topic_prefix: str = Field("litstream", pattern=r"^[A-Za-z0-9._-]+$")
     partitions: int = Field(4, ge=1, le=256)
@@ -55,17 +54,15 @@ class Settings(BaseSettings):
     clickhouse_dsn: str | None = None  # default: chdb:///<data_dir>/chdb
     schema_registry_url: str | None = None
     producer_id: str | None = None  # default: <role>-<host>-<pid>
-    # Local profile: how long a consumer's fetch may wait on the broker. The embedded broker always waits it out,
-    # so it is the latency of every hop; each fetch also costs the broker work (much more on s3:// storage).
-    local_fetch_wait_ms: int = Field(10, ge=1, le=10_000)
-    # Local profile: the consumer group session timeout. The embedded broker answers a group's first join only
-    # after a delay that grows with it (3 s at 6000, 2 s at 3000), so a shorter one starts processes sooner (the
-    # test suite uses 3000) but drops a member whose heartbeats stall that long (keep the default for heavy runs).
-    local_session_timeout_ms: int = Field(6000, ge=1500, le=300_000)
-    # Where the embedded broker (`litstream up`, the demos, `Trainer.fit`'s stack) keeps its log: ``durable`` on disk
-    # under ``<data_dir>/log`` (Tansu on s3:// over a loopback s3rver; survives any stop), or ``memory`` (faster,
-    # gone when the broker stops: `litstream up --ephemeral`). See docs/durable-log.md.
-    broker_storage: Literal["durable", "memory"] = "memory"
+    # The consumer group session timeout of every client (librdkafka and Faust): a member silent that long is
+    # dropped and its partitions go to the others, so it bounds how soon a killed worker's rollouts move on.
+    session_timeout_ms: int = Field(10_000, ge=1000, le=300_000)
+    # Where the embedded broker (`litstream up`, the demos, `Trainer.fit`'s stack) keeps its log: ``durable`` under
+    # ``<data_dir>/kafka`` (every rollout, span and offset survives a stop, even a SIGKILL of the broker), or
+    # ``ephemeral``: a throwaway directory removed when the stack stops (`litstream up --ephemeral`).
+    broker_storage: Literal["durable", "ephemeral"] = "durable"
+    # The embedded broker's JVM heap (fixed: -Xms = -Xmx); docs/embedded-stack.md has what it was measured with.
+    broker_heap_mb: int = Field(384, ge=128, le=65_536)
     # Per-topic retention overrides in ms by role name ("spans", "rollout-offers", "triplets", "spans.dlq", ...),
     # applied when the topics are created; the defaults are in infra/topics.py. JSON in the environment.
     topic_retention_ms: dict[str, int] = Field(default_factory=dict)

@@ -6,11 +6,6 @@
    events are committed, so they are never applied again (seen: claims lost after a SIGKILL under load). Patched:
    the flush returns only when the buffer is empty and no message is in the middle of its send.
 
-2. **Recovery reads the true changelog end** (embedded broker only). Faust's recovery stops at the end reported
-   by ListOffsets, which the embedded broker answers with the last batch's base offset + 1: the rest of that batch
-   would never reach the table. Patched: from that offset, read each changelog partition to its end-of-partition
-   event and take that as the end. (This replaces a one-record-per-batch producer, which made every produce a
-   batch of its own, and the embedded broker's fetch cost grows with the batches in a partition.)
 
 3. **Other producers are flushed with Faust's** (every profile). A processor that sends its outputs through a
    producer of its own (librdkafka: the sending happens off the event loop) registers it with
@@ -37,9 +32,6 @@
    brought them back (seen: a claim written while no worker ran, never folded). Patched: the fetch sees the set
    through :class:`ActivePartitions`, which follows it as it changes (a partition resumed while the fetch waits
    is taken when the fetch next wakes, as before) but is never "every partition".
-
-6. **A short fetch wait** (embedded broker only). Faust builds its aiokafka consumer with a fixed 1.5 s fetch wait,
-   which the embedded broker always waits out: every hop through a Faust agent would cost ~0.75 s.
 """
 
 from __future__ import annotations
@@ -49,7 +41,6 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Set
 from typing import Any
 
-from litstream.infra.kafka import read_partition_ends
 from litstream.infra.settings import Settings
 
 log = logging.getLogger("litstream.lifecycle")
@@ -64,9 +55,6 @@ def apply(settings: Settings) -> None:
     _uncommitted_read_from_start()
     _streams_resumed_after_the_seek()
     _emptied_set_fetches_none()
-    if settings.profile == "local":
-        _short_fetch_wait(settings.local_fetch_wait_ms)
-        _true_changelog_ends(settings)
 
 
 def _complete_buffer_flush() -> None:
@@ -213,35 +201,3 @@ def _emptied_set_fetches_none() -> None:
 
     AIOKafkaConsumerThread.getmany = getmany_of_the_active  # type: ignore[method-assign]
     _applied.add("fetch-active")
-
-
-def _short_fetch_wait(wait_ms: int) -> None:
-    if "fetch-wait" in _applied:
-        return
-    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
-
-    create = AIOKafkaConsumerThread._create_worker_consumer
-
-    def create_with_short_fetch_wait(self: Any, transport: Any) -> Any:
-        made = create(self, transport)
-        made._fetch_max_wait_ms = wait_ms  # read by aiokafka when the consumer starts
-        return made
-
-    AIOKafkaConsumerThread._create_worker_consumer = create_with_short_fetch_wait  # type: ignore[method-assign]
-    _applied.add("fetch-wait")
-
-
-def _true_changelog_ends(settings: Settings) -> None:
-    if "highwaters" in _applied:
-        return
-    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
-
-    reported = AIOKafkaConsumerThread._highwaters
-
-    async def true_highwaters(self: Any, partitions: list[Any]) -> Mapping[Any, int]:
-        approx = dict(await reported(self, partitions))
-        ends = await asyncio.to_thread(read_partition_ends, settings, approx.items())
-        return {tp: ends[(tp.topic, tp.partition)] for tp in approx}
-
-    AIOKafkaConsumerThread._highwaters = true_highwaters  # type: ignore[method-assign]
-    _applied.add("highwaters")

@@ -25,7 +25,7 @@ from litstream.infra import health, metrics
 from litstream.infra.failpoints import failpoint
 from litstream.infra.metrics import StatSeries
 from litstream.infra.producer import EventProducer
-from litstream.infra.profiles import faust_profile
+from litstream.infra.client_config import faust_group_config
 from litstream.infra.settings import Settings
 from litstream.infra.topics import LIFECYCLE_TABLE, Topics
 from litstream.schemas.codec import Codec, DecodeError, default_codec
@@ -104,7 +104,7 @@ class LifecycleProcessor:
             store=f"{settings.table_store}://",
             table_standby_replicas=0,  # a worker holds only the partitions it owns
             datadir=str(datadir),
-            **faust_profile(settings),
+            **faust_group_config(settings),
             **faust_broker_credentials(settings),
         )
         raw: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}

@@ -1,4 +1,4 @@
-"""Shared fixtures: one real broker (Tansu) per test session, a fresh topic prefix and data dir per test."""
+"""Shared fixtures: one real Apache Kafka broker per test worker, a fresh topic prefix and data dir per test."""
 
 from __future__ import annotations
 
@@ -11,17 +11,16 @@ from pathlib import Path
 import pytest
 
 from litstream.app.stack import Stack
-from litstream.infra.broker import EmbeddedBroker
+from litstream.infra.broker import KafkaBroker
 from litstream.infra.kafka import create_topics
 from litstream.infra.settings import Settings
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# Every process the tests start joins consumer groups, and the embedded broker answers a first join after a delay
-# that grows with the session timeout: 3 s instead of the default 6 s makes it 2 s instead of 3 (measured).
-os.environ.setdefault("LITSTREAM_LOCAL_SESSION_TIMEOUT_MS", "3000")
-# Stacks the tests start (`litstream up`, the demos) keep their log in memory: faster, and every test starts empty.
-# tests/test_durable_log.py runs the durable default.
-os.environ.setdefault("LITSTREAM_BROKER_STORAGE", "memory")
+# Group sessions of 3 s: a test that kills a worker sees its partitions move on sooner than with the default 10 s.
+os.environ.setdefault("LITSTREAM_SESSION_TIMEOUT_MS", "3000")
+# Stacks the tests start (`litstream up`, the demos) keep their log in a throwaway directory: every test starts
+# empty. tests/test_durable_log.py runs the durable default.
+os.environ.setdefault("LITSTREAM_BROKER_STORAGE", "ephemeral")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -43,14 +42,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
-    log = tmp_path_factory.mktemp("broker") / "broker.log"
-    with EmbeddedBroker(log_path=log) as b:
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """One broker per test worker (pytest-xdist runs a session per worker); tests that stop a broker start their
+    own. Each test keeps to its own topics (a fresh prefix), so they share it safely."""
+    root = tmp_path_factory.mktemp("broker")
+    with KafkaBroker(root / "log", log_path=root / "broker.log") as b:
         yield b
 
 
 @pytest.fixture
-def settings(broker: EmbeddedBroker, tmp_path: Path) -> Settings:
+def settings(broker: KafkaBroker, tmp_path: Path) -> Settings:
     """Settings isolated to this test: own topics (prefix), own data dir and chDB directory."""
     s = Settings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}", partitions=2,
                  data_dir=tmp_path / "data", clickhouse_dsn=f"chdb://{tmp_path / 'chdb'}")

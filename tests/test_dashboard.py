@@ -19,7 +19,7 @@ from pydantic import SecretStr
 
 from litstream.app.stack import Stack
 from litstream.infra import health
-from litstream.infra.broker import EmbeddedBroker, free_port
+from litstream.infra.broker import KafkaBroker, free_port
 from litstream.infra.kafka import create_topics, producer
 from litstream.infra.metrics import LagCollector
 from litstream.infra.settings import Settings
@@ -45,7 +45,7 @@ def call(url: str, method: str = "GET", body: Any = None, token: str | None = TO
 
 
 @pytest.fixture(scope="module")
-def stack(broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Settings]]:
+def stack(broker: KafkaBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Settings]]:
     tmp = tmp_path_factory.mktemp("dashboard")
     settings = Settings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}", partitions=2,
                         data_dir=tmp / "data", clickhouse_dsn=f"chdb://{tmp / 'chdb'}",

@@ -21,7 +21,7 @@ import pytest
 
 from litstream.app.stack import Stack
 from litstream.app.trainer import StackDriver, Trainer, agent_path, load_dataset
-from litstream.infra.broker import EmbeddedBroker
+from litstream.infra.broker import KafkaBroker
 from litstream.infra.kafka import create_topics
 from litstream.infra.settings import Settings
 from litstream.schemas.models import LLM
@@ -37,7 +37,7 @@ def _settings(tmp_path: Path) -> Settings:
 
 
 @pytest.fixture(scope="module")
-def shared_stack(broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def shared_stack(broker: KafkaBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """What ``Trainer.fit`` starts when nothing trains (lifecycle processor, span sink, the policy server fronting
     version 0 of the tiny policy), once for the tests of this module that only need it running."""
     from rich.console import Console

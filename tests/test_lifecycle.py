@@ -196,16 +196,16 @@ def test_a_change_in_the_local_store_but_not_on_kafka_reaches_the_changelog(
 
 def test_a_local_table_copy_written_against_a_reset_log_is_thrown_away(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A fresh broker, the same data dir: the RocksDB copy of the old log must not leak into the new one."""
-    from litstream.infra.broker import EmbeddedBroker
+    from litstream.infra.broker import KafkaBroker
     from litstream.infra.kafka import create_topics
 
-    def stack_settings(broker: EmbeddedBroker) -> Settings:
+    def stack_settings(broker: KafkaBroker) -> Settings:
         s = Settings(bootstrap_servers=broker.bootstrap, topic_prefix="reset", partitions=2,
                      data_dir=tmp_path / "data", clickhouse_dsn=f"chdb://{tmp_path / 'chdb'}")
         create_topics(s)
         return s
 
-    with EmbeddedBroker(log_path=tmp_path / "broker-1.log") as first:
+    with KafkaBroker(log_path=tmp_path / "broker-1.log") as first:
         settings = stack_settings(first)
         with Stack(settings) as stack:
             stack.start("lifecycle", "process", "lifecycle")
@@ -217,7 +217,7 @@ def test_a_local_table_copy_written_against_a_reset_log_is_thrown_away(tmp_path)
             for rid in rids:
                 d.wait(rid, lambda s: s.status == "preparing")
             d.close()
-    with EmbeddedBroker(log_path=tmp_path / "broker-2.log") as second:
+    with KafkaBroker(log_path=tmp_path / "broker-2.log") as second:
         settings = stack_settings(second)
         with Stack(settings) as stack:
             proc = stack.start("lifecycle", "process", "lifecycle")
