@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from litstream.infra.profiles import security_config
+from litstream.infra.client_config import security_config
 from litstream.infra.settings import Settings
 from litstream.streams.lifecycle import faust_broker_credentials
 
