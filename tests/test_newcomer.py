@@ -59,7 +59,7 @@ def session(tmp_path: Path) -> Iterator[Session]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LITSTREAM_")}
     env.update({"LITSTREAM_DATA_DIR": str(tmp_path / "data"), "LITSTREAM_GATEWAY_PORT": str(port),
-                "LITSTREAM_LOCAL_SESSION_TIMEOUT_MS": "3000", "OMP_NUM_THREADS": "1", "COLUMNS": "200",
+                "LITSTREAM_SESSION_TIMEOUT_MS": "3000", "OMP_NUM_THREADS": "1", "COLUMNS": "200",
                 "LITSTREAM_POLICY_SERVER_PORT": "0"})
     log = tmp_path / "up.log"
     with log.open("w") as out:
@@ -173,7 +173,7 @@ def test_a_child_that_keeps_failing_stops_up_with_exit_1_naming_it(tmp_path: Pat
     """The sink dies after every insert (a failpoint), so its restart dies too: `up` gives up, says which child
     and shows its log's last lines, stops the rest, and exits 1 (it used to exit 0)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LITSTREAM_")}
-    env.update({"LITSTREAM_DATA_DIR": str(tmp_path / "data"), "LITSTREAM_LOCAL_SESSION_TIMEOUT_MS": "3000",
+    env.update({"LITSTREAM_DATA_DIR": str(tmp_path / "data"), "LITSTREAM_SESSION_TIMEOUT_MS": "3000",
                 "LITSTREAM_POLICY_SERVER_PORT": "0",
                 "LITSTREAM_FAILPOINTS": "span-sink.after-insert", "OMP_NUM_THREADS": "1"})
     up = subprocess.Popen([sys.executable, "-m", "litstream.app.cli", "up", "--no-gateway", "--max-restarts", "1"],
