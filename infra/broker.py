@@ -54,7 +54,10 @@ def free_port() -> int:
 
 
 def port_free(port: int) -> bool:
+    """Whether a server could listen on ``port``. SO_REUSEADDR as the JVM sets it: the connections a killed broker
+    leaves in TIME_WAIT on its ports do not stop it from listening there again, only a live listener does."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -109,8 +112,8 @@ def kafka_classpath(resolve: bool = True) -> str:
         if jars and all(Path(j).exists() for j in jars.split(os.pathsep)):
             return jars
     if not resolve:
-        raise BrokerError(f"the embedded Kafka broker's jars are not resolved: run `make install` (or "
-                          f"`python -m litstream.infra.broker install`)")
+        raise BrokerError("the embedded Kafka broker's jars are not resolved: run `make install` (or "
+                          "`python -m litstream.infra.broker install`)")
     return resolve_jars(cached)
 
 
@@ -225,7 +228,7 @@ class KafkaBroker(ServerProcess):
         self.ephemeral = log_dir is None
         self.log_dir = log_dir if log_dir is not None else Path(_mkdtemp())
         self.node_id = node_id
-        remembered = self._remembered_ports()
+        remembered = remembered_ports(self.log_dir)
         self.port = port or _reuse(remembered.get("port")) or free_port()
         self.controller_port = controller_port or _reuse(remembered.get("controller_port")) or free_port()
         self.voters = dict(voters) if voters else {node_id: self.controller_port}
@@ -271,12 +274,6 @@ class KafkaBroker(ServerProcess):
         path.write_text("".join(f"{k}={v}\n" for k, v in self.server_properties().items()))
         return path
 
-    def _remembered_ports(self) -> dict[str, int]:
-        try:
-            return {k: int(v) for k, v in json.loads((self.log_dir / "ports.json").read_text()).items()}
-        except (OSError, ValueError, AttributeError):
-            return {}
-
     def _java(self, main: str, *args: str, heap: list[str]) -> list[str]:
         return [java_binary(), *heap, *JVM_FLAGS, f"-Dlog4j2.configurationFile={log4j_config_path()}",
                 "-cp", kafka_classpath(), main, *args]
@@ -317,7 +314,7 @@ class KafkaBroker(ServerProcess):
         heap = [f"-Xms{self.heap_mb}m", f"-Xmx{self.heap_mb}m"]
         self.proc = subprocess.Popen(self._java("kafka.Kafka", str(props), heap=heap), stdout=out,
                                      stderr=subprocess.STDOUT, start_new_session=True)
-        if out is not subprocess.DEVNULL:
+        if not isinstance(out, int):  # the file, not DEVNULL
             out.close()
 
     def admin(self) -> AdminClient:
@@ -360,6 +357,14 @@ class KafkaBroker(ServerProcess):
         self.stop()
 
 
+def remembered_ports(log_dir: Path) -> dict[str, int]:
+    """The ports a node kept its log under ``log_dir`` last listened on (empty when it never started)."""
+    try:
+        return {k: int(v) for k, v in json.loads((log_dir / "ports.json").read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
 def _reuse(port: int | None) -> int | None:
     """A port the broker had before, if it is still free (so clients and the stack file keep their address)."""
     return port if port and port_free(port) else None
@@ -379,42 +384,102 @@ def _tail(path: Path | None, size: int = 32 * 1024) -> str:
         return f.read().decode(errors="replace")
 
 
+def replicated_defaults(size: int) -> dict[str, str]:
+    """Broker defaults for a cluster of ``size`` nodes: every topic on up to three replicas, a write (acks=all)
+    acknowledged once two have it. The project's topics take the default replication (``create_topics`` asks
+    for -1); the internal ones (group offsets, transaction state, share groups) are set here. With three nodes,
+    one may be lost without losing an acknowledged record or stopping writes."""
+    rf = min(3, size)
+    isr = str(max(1, rf - 1))
+    return {
+        "default.replication.factor": str(rf),
+        "min.insync.replicas": isr,
+        "offsets.topic.replication.factor": str(rf),
+        "offsets.topic.num.partitions": "4",
+        "transaction.state.log.replication.factor": str(rf),
+        "transaction.state.log.min.isr": isr,
+        "transaction.state.log.num.partitions": "4",
+        "share.coordinator.state.topic.replication.factor": str(rf),
+        "share.coordinator.state.topic.min.isr": isr,
+        "share.coordinator.state.topic.num.partitions": "4",
+    }
+
+
 class KafkaCluster:
-    """``size`` Kafka nodes on loopback ports, each broker and controller, one log dir each under ``root``."""
+    """``size`` Kafka nodes on loopback ports, each broker and controller (a static quorum of all of them), one
+    log dir each under ``root/node-<id>``, their output in ``logs/broker-<id>.log`` (``logs`` defaults to
+    ``root``). Broker defaults from :func:`replicated_defaults`, then ``properties``.
+
+    A node can be killed and started again on its log dir (``kill``, ``start_node``): it rejoins the quorum and
+    its replicas catch up from the leaders."""
 
     def __init__(self, root: Path, size: int = 3, heap_mb: int = 256, properties: Mapping[str, str] | None = None,
-                 log_dir: Path | None = None) -> None:
+                 logs: Path | None = None) -> None:
         ids = range(1, size + 1)
-        voters = {n: free_port() for n in ids}
-        cid = cluster_id()
+        # A cluster started again on its root keeps its ports when they are free (the voters' addresses too).
+        voters = {n: _reuse(remembered_ports(root / f"node-{n}").get("controller_port")) or free_port() for n in ids}
+        cid = _cluster_id_of(root, ids) or cluster_id()
+        props = {**replicated_defaults(size), **(properties or {})}
         self.nodes = {n: KafkaBroker(root / f"node-{n}", node_id=n, controller_port=voters[n], voters=voters,
-                                     cluster=cid, heap_mb=heap_mb, properties=properties,
-                                     log_path=(log_dir or root) / f"broker-{n}.log") for n in ids}
+                                     cluster=cid, heap_mb=heap_mb, properties=props,
+                                     log_path=(logs or root) / f"broker-{n}.log") for n in ids}
 
     @property
     def bootstrap(self) -> str:
         return ",".join(node.bootstrap for node in self.nodes.values())
 
-    def start(self, timeout: float = 90.0) -> KafkaCluster:
-        for node in self.nodes.values():
-            node.format()
-        procs = []
-        for node in self.nodes.values():  # the quorum needs a majority up before any node answers
-            node._start_process()
-            procs.append(node)
-        for node in procs:
-            node.wait_answering(timeout)
+    def admin(self) -> AdminClient:
+        return AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+
+    def start(self, timeout: float = 120.0) -> KafkaCluster:
+        """Format every node (the same cluster id), start them all, then wait for each to answer: a node answers
+        only once a majority of the controllers is up, so they cannot be started one after the other."""
+        try:
+            for node in self.nodes.values():
+                node.format()
+            for node in self.nodes.values():
+                node._start_process()
+            deadline = time.monotonic() + timeout
+            for node in self.nodes.values():
+                node.wait_answering(max(1.0, deadline - time.monotonic()))
+        except BaseException:
+            self.stop()
+            raise
         return self
 
-    def stop(self) -> None:
+    def start_node(self, node_id: int, timeout: float = 120.0) -> KafkaBroker:
+        """Start one node again on its log dir (the others running): it rejoins and catches up."""
+        return self.nodes[node_id].start(timeout)
+
+    def kill(self, node_id: int) -> None:
+        """SIGKILL one node: no controlled shutdown, its leaderships move once the controller fences it."""
+        self.nodes[node_id].kill()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM to every node at once: stopped one by one, the last ones would wait out their controlled
+        shutdown with the quorum already gone."""
         for node in self.nodes.values():
-            node.stop()
+            if node.alive() and node.proc is not None:
+                node.proc.terminate()
+        for node in self.nodes.values():
+            node.stop(timeout)
 
     def __enter__(self) -> KafkaCluster:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _cluster_id_of(root: Path, ids: range) -> str | None:
+    """The cluster id a node under ``root`` was formatted with, if any (the others must get the same)."""
+    for n in ids:
+        meta = root / f"node-{n}" / "data" / "meta.properties"
+        if meta.exists():
+            found = re.search(r"^cluster\.id=(\S+)$", meta.read_text(), re.MULTILINE)
+            if found:
+                return found.group(1)
+    return None
 
 
 def check_free_space(path: Path, minimum: int = MIN_FREE_BYTES) -> None:
