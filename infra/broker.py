@@ -137,7 +137,10 @@ def resolve_jars(target: Path) -> str:
 
 def cluster_id() -> str:
     """A new KRaft cluster id: a UUID in URL-safe base64 without padding."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    while True:  # one in 64 starts with "-", which StorageTool's argument parser reads as an option
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
 
 
 # --- One broker --------------------------------------------------------------------------------------------------
