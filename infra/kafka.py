@@ -47,11 +47,9 @@ def admin(settings: Settings) -> AdminClient:
 
 
 def producer(settings: Settings, **overrides: Any) -> Producer:
+    """The producer every librdkafka writer uses: idempotent with ``acks=all``, whatever ``overrides`` say."""
     conf: dict[str, Any] = {
         "bootstrap.servers": settings.bootstrap_servers,
-        # Idempotent producer: retries never duplicate or reorder within a partition.
-        "enable.idempotence": True,
-        "acks": "all",
         "linger.ms": 5,
         # The Java client's key hash, which Faust (aiokafka) uses too: without it librdkafka's CRC32 default puts
         # a rollout's spans and events on other partition numbers than the snapshots the lifecycle writes.
@@ -60,6 +58,10 @@ def producer(settings: Settings, **overrides: Any) -> Producer:
         **security_config(settings),
         **_CLIENT_EXTRAS,
         **overrides,
+        # Idempotent, every replica in sync acknowledging: retries never duplicate or reorder within a partition,
+        # and an acknowledged record survives the loss of its leader.
+        "enable.idempotence": True,
+        "acks": "all",
     }
     return Producer(conf)
 
@@ -99,7 +101,25 @@ def create_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
+    _wait_for_leaders(client, [t.topic for t in new], timeout)
     return created
+
+
+def _wait_for_leaders(client: AdminClient, names: list[str], timeout: float) -> None:
+    """Until every partition of ``names`` has a leader in the broker's metadata: Kafka answers CreateTopics once
+    the controller has the topic, and its brokers learn of it a moment later, so a client asking at once could
+    find the topic missing."""
+    deadline = time.monotonic() + timeout
+    pending = set(names)
+    while pending:
+        topics = client.list_topics(timeout=max(0.5, deadline - time.monotonic())).topics
+        pending = {n for n in pending if n not in topics or topics[n].error is not None
+                   or any(p.leader < 0 for p in topics[n].partitions.values())}
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"topics without a leader {timeout:.0f}s after their creation: {sorted(pending)}")
+        time.sleep(0.05)
 
 
 def missing_topics(settings: Settings, timeout: float = 10.0) -> list[str]:

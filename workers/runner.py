@@ -43,6 +43,7 @@ RUNNER_SERIES = {
     "spans": StatSeries("litstream_runner_spans", "Spans emitted by the agents"),
 }
 CLAIM_ROUNDS = 3  # claims sent at most per offer when no outcome comes back
+RESOURCES_WAIT_S = 30.0  # how long an attempt waits for its rollout's resources to reach this runner's view
 
 
 class Runner:
@@ -67,6 +68,7 @@ class Runner:
         # Tells whether each claim won; keeps snapshots only of the rollouts this runner is claiming.
         self.claims = RolloutsView(settings, self.events.codec, watched_only=True)
         self.resources = ResourcesView(settings, self.events.codec)
+        self._resources_caught_up = False
         self._running: dict[str, AttemptContext] = {}  # attempt id -> context, for a stop that releases them
         self._slots = threading.Semaphore(concurrency)
         self._stats_lock = threading.Lock()
@@ -220,10 +222,23 @@ class Runner:
         return rollout, first_seq
 
     def _resources_for(self, rollout: AttemptedRollout) -> tuple[str | None, NamedResources]:
+        self._resources_read(rollout.resources_id)
         state = self.resources.state
         update = state.by_id.get(rollout.resources_id) if rollout.resources_id else None
         update = update or state.latest
         return (update.resources_id, update.resources) if update else (None, {})
+
+    def _resources_read(self, resources_id: str | None) -> None:
+        """Wait until this runner's view holds the resources a rollout names, or, for one that names none, until
+        the view has read the topic to its end once: a runner started moments before its first offer, or resources
+        published just before the enqueue, must not run an attempt without them."""
+        view = self.resources
+        if resources_id is not None and resources_id not in view.state.by_id:
+            if view.wait_for(lambda: True if resources_id in view.state.by_id else None, RESOURCES_WAIT_S) is None:
+                log.warning("resources %s not found on the resources topic within %.0fs", resources_id,
+                            RESOURCES_WAIT_S)
+        elif not self._resources_caught_up:
+            self._resources_caught_up = view.caught_up(RESOURCES_WAIT_S)
 
     def _run_attempt(self, rollout: AttemptedRollout, first_sequence_id: int = 1) -> None:
         resources_id, resources = self._resources_for(rollout)
