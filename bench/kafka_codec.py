@@ -1,8 +1,8 @@
 """kafka_codec: what one Python process pushes through the Avro codec, the broker and EventProducer.send.
 
 1. the codec alone (Codec(), single-object encoding): encode and decode of SpanRecorded and RolloutEnqueued;
-2. the broker alone: pre-encoded span values produced through the embedded broker (Tansu, 4 partitions) with
-   the project's producer settings, flushed, then read back to the end;
+2. the broker alone: pre-encoded span values produced through the embedded broker (Apache Kafka, 4 partitions)
+   with the project's producer settings, flushed, then read back to the end;
 3. EventProducer.send (encode + produce + flush) of the same span events;
 4. for reference, Agent Lightning 0.3.0's InMemoryLightningStore with the same span contents (add_span one by
    one, add_many_spans in batches), run in its own virtualenv.
@@ -273,10 +273,9 @@ def codec_rows(label: str, records: list[Any], codec: Codec, repeats: int) -> tu
             rate_row(f"codec decode {label}", dec, len(blobs), nbytes, note)], blobs
 
 
-def _produce_raw(settings: Settings, topic: str, keys: list[bytes], values: list[bytes]) -> float:
+def produce_raw(settings: Settings, topic: str, keys: list[bytes], values: list[bytes]) -> float:
     """Produce and flush the pre-encoded values, with a producer that is connected and holds its producer id
-    before the clock starts: the idempotent producer's first id request waits ~0.5 s on this broker, a
-    start-up cost, not a rate."""
+    before the clock starts: the idempotent producer's first id request is a start-up cost, not a rate."""
     p = producer(settings)
     p.produce(Topics(settings.topic_prefix).rollout_events, key=b"warm-up", value=values[0])
     flush_or_raise(p, 30.0)
@@ -296,12 +295,12 @@ def _produce_raw(settings: Settings, topic: str, keys: list[bytes], values: list
     return timed(run)
 
 
-def _consume(settings: Settings, topic: str, expected: int) -> tuple[float, float, int]:
+def consume_all(settings: Settings, topic: str, expected: int) -> tuple[float, float, int]:
     """Read every partition from offset 0 with the project's consumer settings, setup included.
 
     Returns (seconds to the last record, seconds to end-of-partition on all partitions, value bytes). The two
-    differ by how long the broker holds the fetch that finds a partition's end (the embedded broker waits out
-    the consumer's fetch.wait.max.ms): a fixed tail, not a rate.
+    differ by the fetch that finds a partition's end: the broker holds it for the consumer's fetch.wait.max.ms
+    (librdkafka's 500 ms) in case a record comes, so it is a fixed tail, not a rate.
     """
     count, nbytes, last = 0, 0, 0.0
     gc.collect()
@@ -371,25 +370,25 @@ def broker_rows(ctx: Context, sizes: Sizes, spans: list[SpanRecorded], values: l
     read_s: list[float] = []
     send_s: list[float] = []
     base = f"bench-{secrets.token_hex(4)}"
-    for r in range(sizes.broker_repeats):
-        ctx.step(f"broker repeat {r + 1}/{sizes.broker_repeats}: produce, consume, read_to_end, "
-                 "EventProducer.send")
-        # A fresh broker per repeat: every repeat starts from the same (empty) broker state, and one repeat's
-        # records do not sit in the in-memory storage of the next.
-        with KafkaBroker() as broker:
+    # One broker for every repeat, fresh topics per repeat: a JVM's first seconds run cold (interpreted, then
+    # compiled), so a broker per repeat would time its warm-up every time; the median is the warm broker.
+    with KafkaBroker() as broker:
+        for r in range(sizes.broker_repeats):
+            ctx.step(f"broker repeat {r + 1}/{sizes.broker_repeats}: produce, consume, read_to_end, "
+                     "EventProducer.send")
             settings = Settings(bootstrap_servers=broker.bootstrap, topic_prefix=f"{base}-{r}",
                                 partitions=PARTITIONS)
             create_topics(settings)
             topic = Topics(settings.topic_prefix).spans
-            produce_s.append(_produce_raw(settings, topic, keys, values))
-            to_last, to_eof, consumed = _consume(settings, topic, len(values))
+            produce_s.append(produce_raw(settings, topic, keys, values))
+            to_last, to_eof, consumed = consume_all(settings, topic, len(values))
             if consumed != nbytes:
                 raise RuntimeError(f"read {consumed} value bytes back, produced {nbytes}")
             consume_s.append(to_last)
             eof_tail_s.append(to_eof - to_last)
             read_s.append(_read_to_end(settings, topic, len(values)))
             send_s.append(_send(settings, spans, warmup))  # into the same topic, after the read-back
-    where = f"Tansu, {PARTITIONS} partitions"
+    where = f"Apache Kafka, {PARTITIONS} partitions"
     tail_ms = (statistics.median(read_s) - statistics.median(consume_s)) * 1000
     return [
         rate_row(f"broker produce ({where})", produce_s, len(values), nbytes,
@@ -398,8 +397,8 @@ def broker_rows(ctx: Context, sizes: Sizes, spans: list[SpanRecorded], values: l
                  f"assign from 0, project consumer settings, incl. setup, to the last record; EOF on all "
                  f"partitions +{statistics.median(eof_tail_s) * 1000:.0f} ms later"),
         rate_row("broker consume via infra.kafka.read_to_end", read_s, len(values), nbytes,
-                 f"whole call: {tail_ms:.0f} ms more than the row above, mostly its consume(timeout=0.5) "
-                 "waiting out the last, partial batch"),
+                 f"whole call, to the end-of-partition events: {tail_ms:+.0f} ms beside the row above's last "
+                 "record"),
         rate_row("EventProducer.send (encode+produce)", send_s, len(spans), span_bytes,
                  "SpanRecorded, incl. flush"),
     ]

@@ -1,9 +1,9 @@
 """What the rollout-lifecycle benchmarks share (rollout_cycles, timer_latency, replay_rate): the pipeline they
 run on, bounded concurrency, percentiles, and the Agent Lightning baseline's labels.
 
-The pipeline is real: an embedded broker (Tansu) of its own with the catalogue's topics, the lifecycle processor
-as a process of its own (``litstream process lifecycle`` through ``app.stack.Stack``), and the store (``LitStore``)
-in the benchmark's process. Everything is stopped on the way out, whatever happens.
+The pipeline is real: an embedded broker (Apache Kafka) of its own with the catalogue's topics, the lifecycle
+processor as a process of its own (``litstream process lifecycle`` through ``app.stack.Stack``), and the store
+(``LitStore``) in the benchmark's process. Everything is stopped on the way out, whatever happens.
 """
 
 from __future__ import annotations
@@ -37,11 +37,12 @@ AGL = AGL_REQUIREMENT.replace("==", " ")  # "agentlightning 0.3.0", the prefix o
 
 @contextmanager
 def embedded_broker(ctx: Context, name: str) -> Iterator[tuple[KafkaBroker, Settings]]:
-    """An embedded broker of this benchmark's own, the catalogue's topics created, and a scratch data dir."""
+    """An embedded broker of this benchmark's own, the catalogue's topics created, and a scratch data dir; the
+    broker's log under it, where `litstream up` keeps it (``<data_dir>/kafka``)."""
     with tempfile.TemporaryDirectory(prefix=f"litstream-bench-{name}-", ignore_cleanup_errors=True) as tmp:
         data = Path(tmp)
         ctx.step(f"starting the embedded broker (data dir {data})")
-        with KafkaBroker(log_path=data / "broker.log") as broker:
+        with KafkaBroker(data / "data" / "kafka", log_path=data / "broker.log") as broker:
             settings = Settings(bootstrap_servers=broker.bootstrap, partitions=PARTITIONS, data_dir=data / "data",
                                 topic_prefix=f"bench-{name.replace('_', '-')}-{secrets.token_hex(3)}")
             create_topics(settings)
@@ -68,7 +69,7 @@ def pipeline(ctx: Context, name: str) -> Iterator[Settings]:
 async def open_store(settings: Settings) -> LitStore:
     """A store whose views have read their topics, and whose offers consumer has joined the runners' group.
 
-    The first dequeue joins the group (a few seconds on the embedded broker): done here, on an empty queue, so
+    The first dequeue joins the group (a group join takes a moment): done here, on an empty queue, so
     that no clock pays it. The caller closes the store. This process's collector is set as the gateway's, which
     hosts the store in the stack (``infra.runtime``).
     """

