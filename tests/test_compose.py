@@ -147,7 +147,7 @@ def interpolate(value: object, env: Mapping[str, str]) -> str:
 
 def documented_cluster_env() -> dict[str, str]:
     """The variables the file's header says select the cluster layout."""
-    found = re.findall(r"^#\s+(COMPOSE_PROFILES|LITSTREAM_KAFKA_\w+)=(\S+)$", COMPOSE_FILE.read_text(), re.MULTILINE)
+    found = re.findall(r"^#\s+(COMPOSE_PROFILES|KAFKA_CLUSTER_\w+)=(\S+)$", COMPOSE_FILE.read_text(), re.MULTILINE)
     return dict(found)
 
 
