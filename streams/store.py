@@ -276,6 +276,7 @@ class LitStore:
         if self._offers is not None:
             await asyncio.get_running_loop().run_in_executor(self._offers_thread, self._offers.close)
         self._offers_thread.shutdown(wait=False)
+        await asyncio.to_thread(self.events.close)  # let go of the producer: none left retrying a gone broker
 
     async def wait_until_ready(self, timeout: float = 30.0) -> None:
         """Let the views read what is already on their topics."""
