@@ -7,7 +7,9 @@ import importlib
 import json
 import logging
 import os
+import re
 import signal
+import stat
 import sys
 import time
 from pathlib import Path
@@ -292,7 +294,8 @@ def _mb(n: int) -> str:
 
 
 def _log_disk_row(table: Any, settings: Settings) -> None:
-    """Disk used by the data dir's parts: the broker's log, chDB, the processors' local tables."""
+    """Disk used by the data dir's parts (the broker's log, chDB, the processors' local tables), the space
+    left, and the broker's log per topic, largest first."""
     import shutil
 
     from litstream.infra.broker import MIN_FREE_BYTES
@@ -304,10 +307,54 @@ def _log_disk_row(table: Any, settings: Settings) -> None:
     state = "[green]ok[/]" if free >= MIN_FREE_BYTES else "[red]disk nearly full[/]"
     table.add_row("disk", state, ", ".join(f"{name} {_mb(n)}" for name, n in parts.items() if n)
                   + f" in {settings.data_dir}; {_mb(free)} free")
+    topics = topic_disk_bytes(settings.data_dir / "kafka" / "data", settings.topic_prefix)
+    if topics:
+        table.add_row("disk by topic", "", _largest(topics))
+
+
+def _largest(sizes: dict[str, int], shown: int = 8) -> str:
+    """The ``shown`` largest, then the rest as one figure."""
+    items = list(sizes.items())
+    rest = items[shown:]
+    return ", ".join(f"{name} {_mb(n)}" for name, n in items[:shown]) + (
+        f", {len(rest)} more {_mb(sum(n for _, n in rest))}" if rest else "")
+
+
+# A partition's directory in a Kafka log dir: <topic>-<partition> (being deleted or moved: a suffix after).
+_PARTITION_DIR = re.compile(r"^(?P<topic>.+)-\d+$")
+KAFKA_OWN = "kafka's own"  # the cluster metadata log and the group offsets (topics named __*)
+
+
+def topic_disk_bytes(log_root: Path, prefix: str) -> dict[str, int]:
+    """Disk each topic of the embedded broker's log takes (its partition directories under ``log_root``),
+    largest first, named without the stack's prefix; Kafka's internal topics together as one.
+    (confluent-kafka's admin client has no DescribeLogDirs, so the directories are read: the embedded
+    broker's view only.)"""
+    sizes: dict[str, int] = {}
+    for part in log_root.iterdir() if log_root.is_dir() else ():
+        found = _PARTITION_DIR.match(part.name)
+        if found is None or not part.is_dir():
+            continue
+        topic = found["topic"]
+        own = topic.startswith("__")
+        name = KAFKA_OWN if own else topic.removeprefix(f"{prefix}.").removeprefix(f"{prefix}-")
+        sizes[name] = sizes.get(name, 0) + _dir_bytes(part)
+    return dict(sorted(sizes.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def _dir_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
+    """Bytes ``path`` takes on disk: allocated blocks, not file sizes (Kafka preallocates each segment's index
+    files at their full size, sparse); files that vanish meanwhile (segments compacted away) are skipped."""
+    total = 0
+    for folder, _, files in os.walk(path):  # os.walk skips directories that vanish under it
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(folder, name))
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_blocks * 512
+    return total
 
 
 def _clickhouse_status(settings: Settings, table: Any) -> bool:

@@ -13,7 +13,14 @@ from typing import Literal
 from .settings import Settings
 
 FOREVER = -1
-DAY_MS = 24 * 3600 * 1000
+HOUR_MS = 3600 * 1000
+DAY_MS = 24 * HOUR_MS
+# Kafka deletes (retention) and compacts only closed segments, and closes the active one at 64 MiB (the
+# embedded broker's log.segment.bytes) or after segment.ms, 7 days by default: on a quiet stack a compacted
+# topic would never be compacted and a day's retention would run a week late. So compacted topics close a
+# segment every hour, and topics with a retention at least once a day (or once a retention, when shorter).
+COMPACTED_SEGMENT_MS = HOUR_MS
+RETAINED_SEGMENT_MS = DAY_MS
 
 
 @dataclass(frozen=True)
@@ -33,8 +40,12 @@ class TopicSpec:
 # Retention (docs/durable-log.md): the lifecycle events and resources are the source of truth and kept forever;
 # spans are kept a week once copied into ClickHouse (the span sink's copy is the one queried); offers are dead once
 # claimed, so a day; triplets a month (the trainer's input, replayable from the spans in ClickHouse after that).
-# Each can be changed per topic with LITSTREAM_TOPIC_RETENTION_MS, e.g. '{"spans": 86400000}', before the topics
-# are created (`litstream topics create`, the compose file's `topics` job); -1 keeps forever.
+# Rollout state is compacted (each record is a whole snapshot: the newest per rollout is all a reader needs).
+# Workers are not: their records are observations that readers fold (streams/workers.py), and compaction would
+# keep only each worker's last one, dropping what earlier ones set (its last dequeue, busy time, heartbeat),
+# so they are kept a week. Each retention can be changed per topic with LITSTREAM_TOPIC_RETENTION_MS, e.g.
+# '{"spans": 86400000}', before the topics are created (`litstream topics create`, `litstream up`'s first
+# start, the compose file's `topics` job); -1 keeps forever.
 CATALOGUE: tuple[TopicSpec, ...] = (
     TopicSpec("rollout-events", "rollout_id", "Rollout and attempt lifecycle events: the source of truth."),
     TopicSpec("spans", "rollout_id", "Span-recorded events from agents (SDK, OpenTelemetry, OTLP).",
@@ -47,7 +58,7 @@ CATALOGUE: tuple[TopicSpec, ...] = (
     TopicSpec("triplets", "group_id", "(prompt, response, reward) triplets derived from spans.",
               retention_ms=30 * DAY_MS),
     TopicSpec("workers", "worker_id", "Workers seen through their attempts and dequeues, and their heartbeats.",
-              cleanup="compact", partitions=1),
+              retention_ms=7 * DAY_MS, partitions=1),
 )
 DLQ_RETENTION_MS = 30 * DAY_MS
 
@@ -131,11 +142,23 @@ def physical_topics(settings: Settings) -> list[PhysicalTopic]:
     for spec in CATALOGUE:
         partitions = spec.partitions or settings.partitions
         retention = settings.topic_retention_ms.get(spec.name, spec.retention_ms)
-        config = {"cleanup.policy": spec.cleanup, "retention.ms": str(retention), **spec.extra_config}
+        config = {"cleanup.policy": spec.cleanup, "retention.ms": str(retention),
+                  **segment_config(spec.cleanup, retention), **spec.extra_config}
         out.append(PhysicalTopic(topics.name(spec.name), partitions, config, spec))
         if spec.dlq:
             # Dead letters are kept for inspection and replay after a fix.
             dlq_retention = settings.topic_retention_ms.get(f"{spec.name}.dlq", DLQ_RETENTION_MS)
-            out.append(PhysicalTopic(topics.dlq(spec.name), 1, {"retention.ms": str(dlq_retention)}, None))
-    out.append(PhysicalTopic(topics.lifecycle_changelog, settings.partitions, {"cleanup.policy": "compact"}, None))
+            dlq_config = {"retention.ms": str(dlq_retention), **segment_config("delete", dlq_retention)}
+            out.append(PhysicalTopic(topics.dlq(spec.name), 1, dlq_config, None))
+    out.append(PhysicalTopic(topics.lifecycle_changelog, settings.partitions,
+                             {"cleanup.policy": "compact", **segment_config("compact", FOREVER)}, None))
     return out
+
+
+def segment_config(cleanup: str, retention_ms: int) -> dict[str, str]:
+    """How often the active segment is closed, so retention and compaction act within an hour or a day."""
+    if cleanup == "compact":
+        return {"segment.ms": str(COMPACTED_SEGMENT_MS)}
+    if retention_ms > 0:
+        return {"segment.ms": str(min(retention_ms, RETAINED_SEGMENT_MS))}
+    return {}
