@@ -494,13 +494,7 @@ def check_free_space(path: Path, minimum: int = MIN_FREE_BYTES) -> None:
     if free < minimum:
         raise BrokerError(f"only {free // 2**20} MB free on the disk of {path} (the broker's log needs at least "
                           f"{minimum // 2**20} MB): free some space, move LITSTREAM_DATA_DIR, or shorten the "
-                          "topics' retention (docs/configuration.md)")
-
-
-def log_bytes(log_dir: Path) -> int:
-    """Bytes the broker's log takes under ``log_dir`` (0 when there is none)."""
-    root = log_dir / "data"
-    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file()) if root.is_dir() else 0
+                          "topics' retention (docs/durable-log.md)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """A reader's view of rollout state, for scripts and the CLI: the live view plus a blocking ``catch_up``.
 
-The topic is compacted in production; the embedded broker never compacts, so every version of a key may be
-there and the newest wins (see ``views.RolloutsView``).
+The topic is compacted by Kafka's log cleaner, which leaves older versions of a key until it has run (never in
+the open segment), so several versions of a key may be there and the newest wins (see ``views.RolloutsView``).
 """
 
 from __future__ import annotations
