@@ -70,7 +70,7 @@ def main(ctx: click.Context) -> None:
     """litstream: agent RL's control plane as an event-sourced pipeline on Kafka.
 
     Configure with LITSTREAM_* environment variables (LITSTREAM_BOOTSTRAP_SERVERS, LITSTREAM_CLICKHOUSE_DSN,
-    LITSTREAM_PROFILE=local|production, ...). Start here: `litstream demo`.
+    LITSTREAM_DATA_DIR, ...; docs/configuration.md). Start here: `litstream demo`.
     """
     from litstream.infra.kafka import quiet_clients
 
