@@ -14,6 +14,7 @@ where they are; ``make install`` runs it.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import re
@@ -67,8 +68,9 @@ def port_free(port: int) -> bool:
 
 # --- Java and the jars -------------------------------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=1)
 def java_binary() -> str:
-    """``$JAVA_HOME/bin/java`` or the ``java`` on PATH, checked to be Java 17 or newer."""
+    """``$JAVA_HOME/bin/java`` or the ``java`` on PATH, checked to be Java 17 or newer (once per process)."""
     home = os.environ.get("JAVA_HOME")
     java = str(Path(home) / "bin" / "java") if home and (Path(home) / "bin" / "java").exists() else shutil.which("java")
     if java is None:
@@ -133,6 +135,30 @@ def resolve_jars(target: Path) -> str:
     said = [line.strip() for line in (done.stdout + done.stderr).splitlines() if "ERROR" in line or "FATAL" in line]
     raise BrokerError(f"Maven could not resolve org.apache.kafka:kafka_2.13:{KAFKA_VERSION}: "
                       + (said[0][:400] if said else f"mvn exited with code {done.returncode}"))
+
+
+def class_archive_file() -> Path:
+    """The broker's class-data archive (AppCDS), beside its classpath: one per Java version, since a JVM takes only
+    an archive that it dumped itself."""
+    major = java_major_version(java_binary())
+    return classpath_file().with_name(f"kafka-{KAFKA_VERSION}.java{major}.jsa")
+
+
+def build_class_archive() -> Path:
+    """Start a throwaway broker once with ``-XX:ArchiveClassesAtExit`` and stop it cleanly: the classes it loaded
+    are dumped to an archive that later starts map instead of loading and verifying them again (a start on two
+    cores went from ~3.3 s to ~1.6 s)."""
+    target = class_archive_file()
+    partial = target.with_name(f".{target.name}.{os.getpid()}")
+    broker = KafkaBroker(jvm_flags=[f"-XX:ArchiveClassesAtExit={partial}"], use_class_archive=False)
+    try:
+        broker.start()
+    finally:
+        broker.stop()
+    if not partial.exists():
+        raise BrokerError(f"the JVM dumped no class archive to {partial}")
+    partial.replace(target)
+    return target
 
 
 def cluster_id() -> str:
@@ -227,7 +253,8 @@ class KafkaBroker(ServerProcess):
                  controller_port: int | None = None, voters: Mapping[int, int] | None = None,
                  cluster: str | None = None, heap_mb: int = DEFAULT_HEAP_MB, log_path: Path | None = None,
                  listener: Listener | None = None, properties: Mapping[str, str] | None = None,
-                 client_config: Mapping[str, Any] | None = None, format_args: list[str] | None = None) -> None:
+                 client_config: Mapping[str, Any] | None = None, format_args: list[str] | None = None,
+                 jvm_flags: list[str] | None = None, use_class_archive: bool = True) -> None:
         self.ephemeral = log_dir is None
         self.log_dir = log_dir if log_dir is not None else Path(_mkdtemp())
         self.node_id = node_id
@@ -242,6 +269,8 @@ class KafkaBroker(ServerProcess):
         self.properties = dict(properties or {})
         self.client_config = dict(client_config or {})  # what a client needs to talk to it (SASL, TLS)
         self.format_args = list(format_args or [])  # e.g. SCRAM credentials: --add-scram ...
+        self.jvm_flags = list(jvm_flags or [])
+        self.use_class_archive = use_class_archive
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -281,6 +310,14 @@ class KafkaBroker(ServerProcess):
         return [java_binary(), *heap, *JVM_FLAGS, f"-Dlog4j2.configurationFile={log4j_config_path()}",
                 "-cp", kafka_classpath(), main, *args]
 
+    def _class_archive(self) -> list[str]:
+        """The class-data archive's flags when ``make install`` built one (a JVM that cannot use it starts
+        without it, silently)."""
+        archive = class_archive_file()
+        if not self.use_class_archive or not archive.exists():
+            return []
+        return [f"-XX:SharedArchiveFile={archive}", "-Xshare:auto", "-Xlog:cds=off", "-Xlog:cds+dynamic=off"]
+
     def formatted(self) -> bool:
         return (self.log_dir / "data" / "meta.properties").exists()
 
@@ -292,7 +329,7 @@ class KafkaBroker(ServerProcess):
         props = self._write_properties()
         cid = self.cluster or cluster_id()
         done = subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", cid, "-c", str(props),
-                                         *self.format_args, heap=["-Xmx128m"]),
+                                         *self.format_args, heap=["-Xmx128m", *self._class_archive()]),
                               capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             raise BrokerError(f"formatting the broker's log dir {self.log_dir} failed: "
@@ -314,7 +351,7 @@ class KafkaBroker(ServerProcess):
         (self.log_dir / "ports.json").write_text(json.dumps({"port": self.port,
                                                              "controller_port": self.controller_port}))
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115 (the child owns it)
-        heap = [f"-Xms{self.heap_mb}m", f"-Xmx{self.heap_mb}m"]
+        heap = [f"-Xms{self.heap_mb}m", f"-Xmx{self.heap_mb}m", *self.jvm_flags, *self._class_archive()]
         self.proc = subprocess.Popen(self._java("kafka.Kafka", str(props), heap=heap), stdout=out,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         if not isinstance(out, int):  # the file, not DEVNULL
@@ -505,11 +542,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         java_major = java_major_version(java_binary())
         jars = kafka_classpath()
+        print(f"Apache Kafka {KAFKA_VERSION}: {len(jars.split(os.pathsep))} jars resolved (Java {java_major}); "
+              f"classpath in {classpath_file()}")
+        if not class_archive_file().exists():
+            print(f"class-data archive: {build_class_archive()}")
     except BrokerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"Apache Kafka {KAFKA_VERSION}: {len(jars.split(os.pathsep))} jars resolved (Java {java_major}); "
-          f"classpath in {classpath_file()}")
     return 0
 
 
