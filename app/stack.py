@@ -196,6 +196,7 @@ class Stack:
         self.echo = echo
         self.policy = policy or RestartPolicy()
         self.broker: KafkaBroker | None = None
+        self._broker_crashes: collections.deque[float] = collections.deque()
         self.children: dict[str, _Child] = {}
         self.lock = StackLock(settings.data_dir)
         self.log_dir = settings.data_dir / "logs"
@@ -259,11 +260,13 @@ class Stack:
 
     def supervise(self, now: float | None = None) -> list[str]:
         """One round: restart crashed children whose backoff is over; returns what happened, one line each.
-        Raises :class:`ChildFailedError` for a child past its restarts, RuntimeError when the broker died."""
+        A broker that exited is started again on its log at once. Raises :class:`ChildFailedError` for a child
+        past its restarts, RuntimeError for a broker that cannot run (a cause its log names, or past its
+        restarts)."""
         now = time.monotonic() if now is None else now
-        if self.broker is not None and not self.broker.alive():
-            raise RuntimeError(self.broker.failure(f"exited (code {self.broker.proc.returncode if self.broker.proc else '?'})"))
         events: list[str] = []
+        if self.broker is not None and not self.broker.alive():
+            events.append(self._broker_crashed(now))
         for name, child in self.children.items():
             if child.restart_at is not None:
                 if now >= child.restart_at:
@@ -276,6 +279,20 @@ class Stack:
                 continue
             events.append(self._crashed(name, child, now))
         return events
+
+    def _broker_crashed(self, now: float) -> str:
+        """The broker exited: started again on its log (the same port when still free), like any child, unless
+        its log names a cause a restart cannot cure or it keeps crashing; then the stack stops, in one line."""
+        assert self.broker is not None and self.broker.proc is not None
+        code = self.broker.proc.returncode
+        self._broker_crashes.append(now)
+        while self._broker_crashes and now - self._broker_crashes[0] > self.policy.window_s:
+            self._broker_crashes.popleft()
+        if self.broker.known_cause() or len(self._broker_crashes) > self.policy.max_restarts:
+            raise RuntimeError(self.broker.failure(f"exited (code {code})"))
+        self.broker.start()
+        return (f"broker exited with code {code}; started again on its log at {self.broker.bootstrap} (crash "
+                f"{len(self._broker_crashes)} of {self.policy.max_restarts} allowed in {self.policy.window_s:.0f}s)")
 
     def _crashed(self, name: str, child: _Child, now: float) -> str:
         code = child.proc.proc.returncode

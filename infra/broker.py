@@ -377,10 +377,14 @@ class KafkaBroker(ServerProcess):
         self.stop()
         raise BrokerError(self.failure(f"did not answer on {self.bootstrap} within {timeout:.0f}s"))
 
+    def known_cause(self) -> str | None:
+        """Why it stopped, when its log names a cause that a restart would not cure (a full disk, a taken port...)."""
+        tail = _tail(self.log_path)
+        return next((why for pattern, why in _KNOWN_FAILURES if pattern.search(tail)), None)
+
     def failure(self, what: str) -> str:
         """One line: what happened, the likely cause read from its log, and where the log is."""
-        tail = _tail(self.log_path)
-        cause = next((why for pattern, why in _KNOWN_FAILURES if pattern.search(tail)), None)
+        cause = self.known_cause()
         return (f"the Kafka broker {what}" + (f": {cause}" if cause else "")
                 + (f"; see {self.log_path}" if self.log_path else ""))
 

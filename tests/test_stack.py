@@ -65,3 +65,29 @@ def test_log_tail_reads_the_last_lines(tmp_path: Path) -> None:
     log.write_text("".join(f"line {i}\n" for i in range(100)))
     assert log_tail(log, 3) == ["line 97", "line 98", "line 99"]
     assert log_tail(tmp_path / "missing.log") == []
+
+
+def test_a_killed_broker_is_started_again_on_its_log_and_keeps_what_it_had(tmp_path: Path) -> None:
+    from litstream.infra.kafka import producer, read_to_end
+
+    settings = Settings(data_dir=tmp_path / "data", topic_prefix="restart", partitions=1)
+    stack = Stack(settings, policy=RestartPolicy(max_restarts=1, window_s=600))
+    try:
+        bootstrap = stack.start_broker()
+        stack.create_topics()
+        topic = f"{settings.topic_prefix}.rollout-events"
+        p = producer(stack.settings)
+        for i in range(5):
+            p.produce(topic, f"record-{i}".encode(), b"k")
+        assert p.flush(30) == 0
+        del p
+        stack.broker.kill()  # type: ignore[union-attr]
+        said = stack.supervise()
+        assert len(said) == 1 and said[0].startswith("broker exited with code -9; started again on its log"), said
+        assert stack.broker is not None and stack.broker.alive() and stack.broker.bootstrap == bootstrap
+        assert [m.value() for m in read_to_end(stack.settings, topic)] == [f"record-{i}".encode() for i in range(5)]
+        stack.broker.kill()
+        with pytest.raises(RuntimeError, match="the Kafka broker exited"):  # past its one allowed restart
+            stack.supervise()
+    finally:
+        stack.stop()
