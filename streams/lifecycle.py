@@ -42,7 +42,7 @@ from litstream.schemas.events import (
     SequenceRequested,
     WorkerObserved,
 )
-from litstream.schemas.models import RUNNING
+from litstream.schemas.models import FINISHED, RUNNING
 
 from . import faust_patches, fold, table_store
 from .deadletter import DeadLetter
@@ -59,10 +59,17 @@ TICK_S = 0.1  # timer resolution: a deadline is seen at most this late (plus the
 # when it has none (EventProducer.send_now): a reader waits for each snapshot, and the embedded broker spends CPU
 # per batch it stores and serves.
 OUTPUT_LINGER_MS = 5
-STATE_CACHE_SIZE = 50_000  # rollout states kept as objects (about 2-5 kB each)
-REINDEX_EVERY_S = 30.0  # a full re-index now and then, in case a rebalance slipped between ticks
-# RocksDB sizes per table partition (one database each): what bounds the processor's memory with that store.
-ROCKSDB_OPTIONS = {"write_buffer_size": 4 << 20, "max_write_buffer_number": 2, "block_cache_size": 8 << 20}
+# Unfinished rollouts' states kept as objects (3.5 kB each: at most ~70 MiB); a finished one is not kept.
+STATE_CACHE_SIZE = 20_000
+HEAP_SLACK = 1_000  # superseded timer entries tolerated (beyond one per armed deadline) before the heap is rebuilt
+# Timer events sent and not yet back through the log are sent again this often, so that one lost on its way is
+# not lost for good (the fold rejects a second one).
+REFIRE_AFTER_S = 30.0
+# RocksDB: one block cache for every table partition (one database each), charged with their memtables (4 MiB
+# each at most, flushed once they hold 32 MiB in all) and their index and filter blocks: the store's whole memory.
+ROCKSDB_OPTIONS = {"write_buffer_size": 4 << 20, "max_write_buffer_number": 2}
+ROCKSDB_MEMORY = 64 << 20
+ROCKSDB_MEMTABLES = 32 << 20
 
 
 def faust_broker_credentials(settings: Settings) -> dict[str, Any]:
@@ -113,6 +120,8 @@ class LifecycleProcessor:
         # Values are the state as JSON (the app's default serializer); the changelog makes them durable.
         self.table = self.app.Table(LIFECYCLE_TABLE, partitions=settings.partitions, key_type=str,
                                     options=dict(ROCKSDB_OPTIONS) if settings.table_store == "rocksdb" else None)
+        if settings.table_store == "rocksdb":
+            table_store.bound_memory(self.table.data, ROCKSDB_MEMORY, ROCKSDB_MEMTABLES)
         # Snapshots, offers and worker observations go out through librdkafka, which sends off the event loop
         # (through Faust's producer each send cost ~0.7 ms of the fold's ~1.5 ms an event); Faust flushes it with
         # its own before every offset commit (faust_patches.flush_with_faust), so at-least-once holds.
@@ -126,8 +135,8 @@ class LifecycleProcessor:
         self._deadlines: dict[str, tuple[float, int]] = {}
         self._heap: list[tuple[float, str]] = []
         self._fired: dict[str, tuple[str, str]] = {}
-        self._indexed: set[int] = set()
-        self._indexed_at = 0.0
+        self._indexed: tuple[set[int], int] | None = None  # (active partitions, consumer generation) indexed
+        self._refired_at = time.monotonic()
         self._ready_told = False
         # The newest state of the rollouts this worker folded lately, as objects: reading the table would decode
         # JSON and validate it again for every event. Valid while the partitions stay here: cleared whenever they
@@ -279,6 +288,9 @@ class LifecycleProcessor:
         self._remember(rid, state)
 
     def _remember(self, rid: str, state: RolloutState) -> None:
+        if state.status in FINISHED:  # final: no event changes it, and a late one is rare enough to read the table
+            self._states.pop(rid, None)
+            return
         self._states[rid] = state
         self._states.move_to_end(rid)
         while len(self._states) > STATE_CACHE_SIZE:
@@ -298,20 +310,34 @@ class LifecycleProcessor:
             return
         self._deadlines[rid] = (deadline.at, partition)
         heapq.heappush(self._heap, (deadline.at, rid))
+        if len(self._heap) > 2 * len(self._deadlines) + HEAP_SLACK:  # mostly superseded entries: keep the live
+            self._heap = [(at, key) for key, (at, _) in self._deadlines.items()]
+            heapq.heapify(self._heap)
 
     def _active_partitions(self) -> set[int]:
         name = self.source.get_topic_name()
         return {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == name}
 
-    def _rebuild_index(self, actives: set[int]) -> None:
-        """After a rebalance or recovery: index the deadlines of every rollout this worker now owns."""
+    def _rebuild_index(self, actives: set[int], generation: int) -> None:
+        """After a rebalance or recovery: index the deadlines of every rollout this worker now owns. A full pass
+        over the table, so only then: between rebalances every change goes through ``_arm``."""
         self._deadlines.clear()
         self._heap.clear()
+        self._fired.clear()
         for rid, raw in self.table.items():  # read-only pass: nothing here awaits or writes the table
             if raw.get("partition") in actives and raw["state"].get("status") in RUNNING:  # the rest has no timer
                 self._arm(rid, RolloutState.model_validate(raw["state"]), raw["partition"])
-        self._indexed = actives
-        self._indexed_at = time.monotonic()
+        self._indexed = (actives, generation)
+
+    def _refire(self) -> None:
+        """Put the timers sent since the last call back on the heap: one whose event is still not folded (lost on
+        its way) fires again at this tick. Also drops those of rollouts this worker no longer owns."""
+        for rid in self._fired:
+            current = self._deadlines.get(rid)
+            if current is not None:
+                heapq.heappush(self._heap, (current[0], rid))
+        self._fired.clear()
+        self._refired_at = time.monotonic()
 
     async def _tick(self) -> None:
         if self.app.rebalancing or self.app.in_recovery:
@@ -321,8 +347,11 @@ class LifecycleProcessor:
             metrics.mark_ready()
             await self._beat()
         actives = self._active_partitions()
-        if actives != self._indexed or time.monotonic() - self._indexed_at > REINDEX_EVERY_S:
-            self._rebuild_index(actives)
+        generation = self.app.consumer_generation_id  # a rebalance that gave back the same partitions changes it
+        if self._indexed != (actives, generation):
+            self._rebuild_index(actives, generation)
+        elif time.monotonic() - self._refired_at > REFIRE_AFTER_S:
+            self._refire()
         now = time.time()
         while self._heap and self._heap[0][0] < now:
             at, rid = heapq.heappop(self._heap)
