@@ -77,7 +77,7 @@ class EventProducer:
         """Send what is queued without waiting out ``linger.ms``, off the caller's thread (it returns at once).
 
         With a long linger this is group commit: while a caller has more input at hand its records wait and batch
-        (fewer, larger batches: the embedded broker's cost grows with the batches it holds), and when the input
+        (fewer, larger batches: fewer requests for the broker to store and serve), and when the input
         runs dry it calls this, so the last records do not wait for the linger. librdkafka sends at once while a
         flush is in progress, so a helper thread flushes for a moment; errors surface at the next ``flush``. Best
         effort: a record that cannot leave within that moment (its partition still unknown) waits out the linger.

@@ -1,7 +1,7 @@
 """The corrections to Faust (streams/faust_patches.py): a commit's flush drains the changelog buffer and the
-processors' own producers, the changelog end is read, not taken from the embedded broker's ListOffsets, the seek to
-the committed offsets takes a partition with none back to its start, a recovery resumes the source partitions after
-its seek, and a fetch whose set of active partitions empties fetches nothing."""
+processors' own producers, the seek to the committed offsets takes a partition with none back to its start, a
+recovery resumes the source partitions after its seek, a fetch whose set of active partitions empties fetches
+nothing, and Faust's producer is idempotent."""
 
 from __future__ import annotations
 
@@ -9,34 +9,12 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
 
-from litstream.infra.kafka import admin, read_partition_ends
+from litstream.infra.kafka import admin
 from litstream.infra.settings import Settings
 from litstream.streams import faust_patches
-
-
-def test_the_changelog_end_is_read_past_the_last_batch_start(settings: Settings) -> None:
-    topic = f"{settings.topic_prefix}.ends"
-    client = admin(settings)
-    client.create_topics([NewTopic(topic, num_partitions=2, replication_factor=-1)])[topic].result()
-    producer = Producer({"bootstrap.servers": settings.bootstrap_servers, "linger.ms": 50})
-    for _ in range(3):  # three batches of five records each on partition 0; partition 1 stays empty
-        for i in range(5):
-            producer.produce(topic, f"v{i}".encode(), partition=0)
-        producer.flush()
-    probe = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": "ends-probe"})
-    try:
-        reported = [probe.get_watermark_offsets(TopicPartition(topic, p), timeout=10.0)[1] for p in (0, 1)]
-    finally:
-        probe.close()
-
-    ends = read_partition_ends(
-        settings, [(TopicPartition(topic, 0), reported[0]), (TopicPartition(topic, 1), reported[1])])
-
-    assert ends == {(topic, 0): 15, (topic, 1): 0}
-    assert reported[0] <= 15  # the broker's answer is a lower bound (on the embedded broker: 11, not 15)
 
 
 class _SlowChannel:
@@ -53,7 +31,7 @@ class _SlowChannel:
 def test_a_flush_returns_only_when_every_buffered_message_is_sent() -> None:
     from faust.transport.producer import ProducerBuffer
 
-    faust_patches.apply(Settings(profile="production"))
+    faust_patches.apply()
 
     async def scenario() -> tuple[int, int]:
         buffer = ProducerBuffer()
@@ -75,7 +53,7 @@ def test_a_flush_returns_only_when_every_buffered_message_is_sent() -> None:
 def test_a_flush_of_fausts_producer_flushes_the_registered_producers_after_it() -> None:
     from faust.transport.drivers.aiokafka import Producer
 
-    faust_patches.apply(Settings(profile="production"))
+    faust_patches.apply()
     order: list[str] = []
 
     class _Buffer:
@@ -138,7 +116,7 @@ def test_fausts_seek_to_committed_goes_through_the_correction_and_leaves_changel
     from aiokafka import TopicPartition as TP
     from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 
-    faust_patches.apply(Settings(profile="production"))
+    faust_patches.apply()
     sought: list[Any] = []
 
     class _Consumer:  # what the correction asks of aiokafka's consumer, recorded
@@ -187,6 +165,52 @@ def test_a_recovery_step_resumes_the_stream_partitions_only_after_its_seek() -> 
     assert "resume_partitions" not in vars(app.consumer)  # the method is the class's again
 
 
+def test_fausts_recovery_steps_go_through_the_correction() -> None:
+    """Both of Faust's last recovery steps (``faust/tables/recovery.py``) seek and resume the flow before they
+    resume the source partitions; the changelog partitions are never resumed there."""
+    from faust.tables.recovery import Recovery
+
+    faust_patches.apply()
+    order: list[str] = []
+
+    class _Consumer:
+        def assignment(self) -> set[str]:
+            return {"events-0", "table-changelog-0"}
+
+        def resume_partitions(self, tps: Any) -> None:
+            order.append(f"resume {sorted(tps)}")
+
+        async def perform_seek(self) -> None:
+            order.append("seek")
+
+        def resume_flow(self) -> None:
+            order.append("flow resumed")
+
+    async def nothing(*_args: Any, **_kwargs: Any) -> None:
+        return None
+
+    async def wait(coro: Any, timeout: float) -> None:
+        await coro
+
+    def quiet(*_args: Any) -> None:
+        return None
+
+    for step in (Recovery._resume_streams, Recovery.on_recovery_completed):
+        order.clear()
+        app = SimpleNamespace(consumer=_Consumer(), consumer_generation_id=1, conf=SimpleNamespace(
+            broker_request_timeout=1.0), on_rebalance_complete=SimpleNamespace(send=nothing),
+            flow_control=SimpleNamespace(resume=lambda: None), _fetcher=SimpleNamespace(maybe_start=nothing),
+            tables=SimpleNamespace(values=lambda: [], on_actives_ready=lambda: None,
+                                   on_standbys_ready=lambda: None),
+            assignor=SimpleNamespace(assigned_standbys=lambda: set()), on_rebalance_end=lambda: None)
+        recovery: Any = SimpleNamespace(app=app, log=SimpleNamespace(info=quiet, dev=quiet, warning=quiet),
+                                        _is_changelog_tp=lambda tp: "changelog" in tp, _wait=wait,
+                                        completed=asyncio.Event(), _set_recovery_ended=lambda: None,
+                                        tables=app.tables)
+        asyncio.run(step(recovery, 1))
+        assert order == ["seek", "flow resumed", "resume ['events-0']"], step
+
+
 def test_a_fetch_whose_active_set_empties_returns_nothing_and_follows_a_partition_resumed_meanwhile(
         settings: Settings) -> None:
     """Faust passes its live set of active partitions to a fetch, and aiokafka reads an empty set as "every
@@ -200,7 +224,7 @@ def test_a_fetch_whose_active_set_empties_returns_nothing_and_follows_a_partitio
     from aiokafka import TopicPartition as TP
     from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 
-    faust_patches.apply(Settings(profile="production"))
+    faust_patches.apply()
     topic = f"{settings.topic_prefix}.fetch"
     client = admin(settings)
     client.create_topics([NewTopic(topic, num_partitions=4, replication_factor=-1)])[topic].result()
@@ -228,7 +252,8 @@ def test_a_fetch_whose_active_set_empties_returns_nothing_and_follows_a_partitio
             await asyncio.sleep(1.0)  # aiokafka's background fetch buffers partitions 0 and 1 meanwhile
             thread = SimpleNamespace(consumer=SimpleNamespace(flow_active=True), _ensure_consumer=lambda: consumer,
                                      call_thread=call_thread)
-            thread._fetch_records = partial(AIOKafkaConsumerThread._fetch_records, thread)
+            fetch_records: Any = AIOKafkaConsumerThread._fetch_records
+            thread._fetch_records = partial(fetch_records, thread)
             active = {tps[2]}  # Faust's live set
             fetch = asyncio.ensure_future(AIOKafkaConsumerThread.getmany(thread, active, 10.0))  # type: ignore[arg-type]
             await asyncio.sleep(0.3)
@@ -246,3 +271,13 @@ def test_a_fetch_whose_active_set_empties_returns_nothing_and_follows_a_partitio
     fetched, positions = asyncio.run(scenario())
     assert fetched == {tps[1]: 3}
     assert positions == [0, 3]  # partition 0 is still to be read
+
+
+def test_fausts_producer_is_idempotent_with_acks_all() -> None:
+    """Faust turns aiokafka's idempotence on only for exactly_once; every producer it builds now has it."""
+    from faust.transport.drivers.aiokafka import Producer
+
+    faust_patches.apply()
+    producer: Any = SimpleNamespace(app=SimpleNamespace(in_transaction=False))
+    extra = Producer._settings_extra(producer)
+    assert extra["enable_idempotence"] is True and extra["acks"] == "all"
