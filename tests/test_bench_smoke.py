@@ -12,6 +12,17 @@ import pytest
 from litstream.infra.broker import KAFKA_VERSION
 
 
+def quick_bench(name: str, results: Path) -> Path:
+    """Run one benchmark's quick size without the reference, as `make bench` would; returns its JSON file."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "litstream.bench", "--only", name, "--quick", "--no-agl",
+         "--results-dir", str(results)],
+        check=False, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [path] = results.glob(f"{name}-*.json")
+    return path
+
 def test_kafka_codec_quick(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "litstream.bench", "--only", "kafka_codec", "--quick", "--no-agl",
@@ -36,13 +47,7 @@ def test_kafka_codec_quick(tmp_path: Path) -> None:
 @pytest.mark.slow  # ~1 minute: three JVM starts and a format
 def test_broker_benchmark_quick(tmp_path: Path) -> None:
     """The embedded broker's own cost: start times, RSS, idle CPU, produce/consume, records kept."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "litstream.bench", "--only", "broker", "--quick", "--no-agl",
-         "--results-dir", str(tmp_path)],
-        check=False, capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    [path] = tmp_path.glob("broker-*.json")
+    path = quick_bench("broker", tmp_path)
     costs = json.loads(path.read_text())["params"]["costs"]
     assert all(len(costs["start_s"][kind]) == 1 and costs["start_s"][kind][0] > 0
                for kind in ("fresh", "restarted", "killed"))
@@ -126,13 +131,7 @@ def test_soak_tiny(tmp_path: Path) -> None:
 
 @pytest.mark.slow  # ~40 s; `make bench` runs it at full size
 def test_policy_server_benchmark_quick(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "litstream.bench", "--only", "policy_server", "--quick", "--no-agl",
-         "--results-dir", str(tmp_path)],
-        check=False, capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    [path] = tmp_path.glob("policy_server-*.json")
+    path = quick_bench("policy_server", tmp_path)
     doc = json.loads(path.read_text())
     assert doc["params"]["overhead_p50_ms"] > -1000 and doc["params"]["reserve_p50_ms"] > 0
     rows = {row["what"]: row for row in doc["rows"]}

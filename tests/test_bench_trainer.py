@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.test_bench_smoke import quick_bench
+
 
 @pytest.mark.slow  # `make bench` runs it at full size
 def test_trainer_benchmark_quick(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "litstream.bench", "--only", "trainer", "--quick", "--no-agl",
-         "--results-dir", str(tmp_path)],
-        check=False, capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    doc = json.loads(next(tmp_path.glob("trainer-*.json")).read_text())
+    doc = json.loads(quick_bench("trainer", tmp_path).read_text())
     rows = {row["what"]: row for row in doc["rows"]}
     for what in ("spans -> triplets (litstream TracerTraceToTriplet)",
                  "triplets consumed: fetch, decode, window (no training)", "GRPO step (tiny, 8 groups x 4)",
