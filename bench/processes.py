@@ -50,6 +50,20 @@ def cpu_of(pids: dict[str, int]) -> dict[str, float]:
     return {name: cpu for name, pid in pids.items() if (cpu := cpu_seconds(pid)) is not None}
 
 
+def rss_file_of(pids: dict[str, int]) -> dict[str, float]:
+    """The file-backed part of each named process's RSS in MiB (/proc/<pid>/status RssFile: mapped code and data
+    files, reclaimable, shared with other processes mapping the same file)."""
+    out: dict[str, float] = {}
+    for name, pid in pids.items():
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("RssFile:"):
+                    out[name] = int(line.split()[1]) / 1024
+        except OSError:
+            continue
+    return out
+
+
 def rss_of(pids: dict[str, int]) -> dict[str, float]:
     """RSS in MiB of each named process (those that are gone are left out)."""
     out: dict[str, float] = {}

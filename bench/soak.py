@@ -62,7 +62,7 @@ from litstream.workers.sdk import AttemptContext
 
 from .harness import RESULTS_DIR, Context, Report, Row
 from .lifecycle import PARTITIONS
-from .processes import cpu_of, rss_of
+from .processes import cpu_of, rss_file_of, rss_of
 
 TITLE = "soak: rollouts and spans through the embedded stack; RSS of every process, consumer lag back to zero, loss"
 
@@ -205,6 +205,7 @@ class Sample:
     rss_mb: dict[str, float]
     lag: dict[str, int]  # group -> records behind, all its topics
     cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds used so far, per process
+    file_mb: dict[str, float] = field(default_factory=dict)  # the file-backed part of rss_mb (mapped libraries)
 
 
 @dataclass
@@ -401,7 +402,7 @@ def _settle(ctx: Context, probes: _Probes, sizes: Sizes, result: SoakResult) -> 
         stored = _count(probes.settings, "SELECT count() FROM spans")
         result.samples.append(Sample(time.monotonic() - probes.start, probes.enqueued, probes.finished.finished,
                                      stored, rss_of(probes.pids), {k: sum(v.values()) for k, v in lag.items()},
-                                     cpu_of(probes.pids)))
+                                     cpu_of(probes.pids), rss_file_of(probes.pids)))
         if all(v == 0 for per in lag.values() for v in per.values()) and stored >= expected_spans:
             break
         if time.monotonic() - settle_start > sizes.settle_s:
@@ -475,7 +476,7 @@ def _sample(settings: Settings, t: float, enqueued: int, finished: int, pids: di
         stored = _count(settings, "SELECT count() FROM spans")
     except Exception:  # noqa: BLE001 - a busy sink answers late: the figure is for progress only
         stored = -1
-    return Sample(t, enqueued, finished, stored, rss_of(pids), lag, cpu_of(pids))
+    return Sample(t, enqueued, finished, stored, rss_of(pids), lag, cpu_of(pids), rss_file_of(pids))
 
 
 def _plot(result: SoakResult, results_dir: Path) -> str | None:
@@ -658,11 +659,13 @@ def memory_table(result: SoakResult) -> list[dict[str, Any]]:
     rows = []
     for name in sorted({k for s in samples for k in s.rss_mb}, key=lambda k: (not k.startswith("broker"), k)):
         series = [s.rss_mb[name] for s in samples if name in s.rss_mb]
+        at_peak = max((s for s in samples if name in s.rss_mb), key=lambda s: s.rss_mb[name])
         grown = last.finished - quarter.finished
         slope = ((last.rss_mb.get(name, 0.0) - quarter.rss_mb.get(name, 0.0)) / grown * 1000) if grown > 0 else 0.0
         cpu = last.cpu_s.get(name, 0.0) - samples[0].cpu_s.get(name, 0.0)
         rows.append({"process": name, "first_mb": series[0], "quarter_mb": quarter.rss_mb.get(name, series[0]),
-                     "peak_mb": max(series), "final_mb": series[-1], "mb_per_1k_rollouts": slope,
+                     "peak_mb": max(series), "peak_file_mb": at_peak.file_mb.get(name, 0.0),
+                     "final_mb": series[-1], "mb_per_1k_rollouts": slope,
                      "cpu_s": cpu, "cpu_share": cpu / (last.t - samples[0].t) if last.t > samples[0].t else 0.0})
     return rows
 
@@ -743,7 +746,8 @@ def _memory_rows(result: SoakResult) -> list[Row]:
             f"{PYTHON_RSS_BOUND_MB}: {_verdict(bounds['python_within'])}{over}"),
     ]
     for m in memory_table(result):
-        rows.append(Row(f"RSS {m['process']}", note=f"first {m['first_mb']:,.0f} MiB, peak {m['peak_mb']:,.0f}, "
+        rows.append(Row(f"RSS {m['process']}", note=f"first {m['first_mb']:,.0f} MiB, peak {m['peak_mb']:,.0f} "
+                                                    f"({m['peak_file_mb']:,.0f} of it mapped files), "
                                                     f"final {m['final_mb']:,.0f}; "
                                                     f"{m['mb_per_1k_rollouts']:+.2f} MiB per 1k rollouts after 25%; "
                                                     f"CPU {m['cpu_s']:,.0f} s ({m['cpu_share']:.2f} cores)"))
@@ -776,11 +780,11 @@ def _has_psutil() -> bool:
 
 def print_memory(console: Console, result: SoakResult) -> None:
     table = Table(title="soak: RSS per process (MiB)", title_justify="left")
-    for col in ("process", "first", "at 25%", "peak", "final", "MiB / 1k rollouts after 25%", "CPU s", "cores"):
+    for col in ("process", "first", "at 25%", "peak", "of it files", "final", "MiB / 1k rollouts after 25%", "CPU s", "cores"):
         table.add_column(col, justify="left" if col == "process" else "right")
     for m in memory_table(result):
         table.add_row(m["process"], f"{m['first_mb']:,.0f}", f"{m['quarter_mb']:,.0f}", f"{m['peak_mb']:,.0f}",
-                      f"{m['final_mb']:,.0f}", f"{m['mb_per_1k_rollouts']:+.2f}", f"{m['cpu_s']:,.0f}",
+                      f"{m['peak_file_mb']:,.0f}", f"{m['final_mb']:,.0f}", f"{m['mb_per_1k_rollouts']:+.2f}", f"{m['cpu_s']:,.0f}",
                       f"{m['cpu_share']:.2f}")
     console.print(table)
 

@@ -25,6 +25,7 @@ from clickhouse_connect.driver.client import Client
 
 from ..health import pid_alive
 from .guard import QueryLimits, UnsafeQueryError, check_read_only, explain_error
+from .resident import page_out_library
 
 __all__ = ["ChdbLockedError", "ClickHouse", "NoOwnerError", "QueryError", "QueryLimits", "QueryResult",
            "UnsafeQueryError", "check_read_only", "query", "reader", "user_sql"]
@@ -232,6 +233,12 @@ class ClickHouse:
         with self.lock:
             self._all_readers.append(client)
         return client
+
+    def release_startup_pages(self) -> None:
+        """chDB only: page out the engine's code that its start-up alone touched (:mod:`.resident`)."""
+        if self.path is not None:
+            with self.lock:
+                page_out_library(f"{os.sep}chdb")
 
     def close(self) -> None:
         with self.lock:
