@@ -396,10 +396,12 @@ class SpanRecorded(Event):
     avro_name = "litstream.SpanRecorded"
     attr_fields: ClassVar[tuple[str, ...]] = ("attributes",)
     attempt_id: str = Field(min_length=1)
-    sequence_id: int = Field(ge=1)
-    trace_id: str = Field(pattern=r"^[0-9a-f]{32}$")
-    span_id: str = Field(pattern=r"^[0-9a-f]{16}$")
-    parent_id: str | None = Field(None, pattern=r"^[0-9a-f]{16}$")
+    sequence_id: int = Field(ge=0)  # 0 is stored, as the reference stores it; the counter then hands out 1
+    # Any string, as the reference stores them; OpenTelemetry's hex ids are checked where a format requires them
+    # (OTLP ingest, workers/otlp.py).
+    trace_id: str
+    span_id: str
+    parent_id: str | None = None
     trace_state: str = ""
     name: str = Field(min_length=1)
     kind: Literal["INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER"] = "INTERNAL"

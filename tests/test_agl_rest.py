@@ -1,6 +1,7 @@
 """Agent Lightning's REST API (``/v1/agl``) as the reference's server answers it, over raw HTTP on the real stack:
 read-your-writes across the gateway's two APIs and of worker records, sort fields and order, null refusals,
-pagination checks, reasons in the status line, clean 400s for ids that are not hex, span totals, and CORS."""
+pagination checks, reasons in the status line, span ids that are any string (as the reference), span totals,
+and CORS."""
 
 from __future__ import annotations
 
@@ -115,16 +116,17 @@ def _span(rid: str, aid: str, **ids: str | None) -> dict[str, Any]:
 def test_spans_statistics_and_cors(base: str) -> None:
     _, ro, _, _ = agl(base, "/rollouts", "POST", {"input": 1})
     rid, aid = ro["rollout_id"], ro["attempt"]["attempt_id"]
-    for field, value in (("trace_id", "not-hex"), ("span_id", "B" * 16), ("parent_id", "xyz")):
-        status, body, reason, _ = agl(base, "/spans", "POST", _span(rid, aid, **{field: value}))
-        assert (status, body["field"]) == (400, field) and "hex" in body["detail"] and "hex" in reason
-        assert "SpanRecorded" not in json.dumps(body)
+    # ids that are not OpenTelemetry hex are stored as given, as the reference stores them
+    status, added, _, _ = agl(base, "/spans", "POST", _span(rid, aid, trace_id="not-hex", span_id="B" * 16,
+                                                           parent_id="xyz"))
+    assert status == 201 and (added["trace_id"], added["span_id"], added["parent_id"]) == ("not-hex", "B" * 16, "xyz")
     status, added, _, _ = agl(base, "/spans", "POST", _span(rid, aid))
     assert status == 201 and added["span_id"] == "b" * 16
     status, page, _, _ = agl(base, f"/spans?rollout_id={rid}&sort_by=parent_id")
-    assert status == 200 and page["total"] == 1
+    assert status == 200 and page["total"] == 2
+    assert [s["parent_id"] for s in page["items"]] == [None, "xyz"]  # a missing value sorts first, ascending
     _, stats, _, _ = agl(base, "/statistics")
-    assert stats["total_spans"] == 1 and stats["total_rollouts"] == 1 and stats["total_span_bytes"] > 0
+    assert stats["total_spans"] == 2 and stats["total_rollouts"] == 1 and stats["total_span_bytes"] > 0
 
     status, body, reason, _ = agl(base, "/nowhere")  # the router's own answers, in the reference's body shape
     assert (status, body["detail"], reason) == (404, "Not Found", "Not Found")

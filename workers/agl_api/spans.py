@@ -8,7 +8,6 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from litstream.schemas.models import Span
-from litstream.streams.store import check_span_ids
 
 from ..attributes import check_span_limits
 from .errors import HTTPFieldError
@@ -40,7 +39,6 @@ class NextSequenceRequest(BaseModel):
 @routes.post("/spans")
 async def add_span(request: web.Request) -> web.Response:
     span = await parse_body(request, Span)
-    check_span_ids(span)  # before the limits: a bad id is the clearer refusal
     try:
         check_span_limits(span)  # over the limits it could not be one Kafka message
     except ValueError as exc:
