@@ -1,7 +1,8 @@
 """Workers folded from ``workers`` observations (pure), with the reference's derivation: an attempt that
 succeeded or failed leaves its worker idle, a timed-out or unresponsive one leaves it unknown, any other
 status makes it busy; a dequeue stamps ``last_dequeue_time``; an empty dequeue makes it idle; heartbeats
-never change the status."""
+never change the status, and one without stats keeps the stats reported before (as the reference's
+``update_worker`` does)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ def apply_worker(worker: Worker | None, ev: WorkerObserved) -> Worker:
     w = worker or Worker(worker_id=ev.worker_id)
     changes: dict[str, object] = {}
     if ev.kind == "heartbeat":
-        changes = {"last_heartbeat_time": ev.time, "heartbeat_stats": ev.heartbeat_stats}
+        changes = {"last_heartbeat_time": ev.time}
+        if ev.heartbeat_stats is not None:
+            changes["heartbeat_stats"] = ev.heartbeat_stats
     elif ev.kind == "empty_dequeue":
         changes = {"status": "idle", "last_idle_time": ev.time, "last_dequeue_time": ev.time,
                    "current_rollout_id": None, "current_attempt_id": None}

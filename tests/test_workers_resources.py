@@ -25,6 +25,8 @@ def test_worker_status_follows_its_attempts() -> None:
     assert w.status == "idle"  # an older observation from another partition does not undo a newer one
     w = apply_worker(w, obs("heartbeat", 3.0, heartbeat_stats={"gpu": 1}))
     assert (w.status, w.last_heartbeat_time, w.heartbeat_stats) == ("idle", 3.0, {"gpu": 1})
+    w = apply_worker(w, obs("heartbeat", 3.5))  # no stats: those reported before stay, as in the reference
+    assert (w.last_heartbeat_time, w.heartbeat_stats) == (3.5, {"gpu": 1})
     w = apply_worker(w, obs("attempt", 4.0, "unknown", rollout_id="ro-2", attempt_id="at-2"))
     assert w.status == "unknown" and w.current_attempt_id is None
 
