@@ -6,8 +6,10 @@ Rules (reference semantics, Agent Lightning 0.3, except where noted):
 * A claim (``AttemptStarted``) is accepted only for a queuing/requeuing rollout and only for the next attempt
   number: a second claim for the same offer is rejected (explicit version check).
 * Heartbeats promote preparing/unresponsive attempts to running, and the rollout with its latest attempt.
-* Terminal rollout states (succeeded, failed, cancelled) are final. The reference lets them change again; here a
-  late event for a finished rollout is rejected, so a replay can never resurrect one.
+* Terminal rollout states (succeeded, failed, cancelled) are final: a late status change of a finished rollout
+  or of its attempts is rejected (the reference applies it). The one way back is the reference's: a new attempt
+  started on purpose (``start_attempt``, a forced ``AttemptStarted``) is accepted on a finished rollout, which
+  then follows its newest attempt again (``preparing``, no end time) as the reference's rollout does.
 * Each producer's events carry a strictly increasing ``producer_seq``; one at or below the last seen from that
   producer is a redelivery and is ignored.
 """
@@ -150,14 +152,12 @@ def _enqueued(state: RolloutState | None, ev: RolloutEnqueued) -> Outcome:
 
 def _attempt_started(state: RolloutState, ev: AttemptStarted) -> Outcome:
     expected = len(state.attempts) + 1
-    if ev.force:  # start_attempt: bypasses the queue and max_attempts, but a finished rollout stays finished
-        if state.status in FINISHED:
-            return _reject(state, ev, f"rollout already {state.status}; terminal states are final")
+    if ev.force:  # start_attempt: bypasses the queue and max_attempts, and reopens a finished rollout
         if state.attempt(ev.attempt_id) is not None:
             return _reject(state, ev, f"attempt id {ev.attempt_id} already used")
         attempt = AttemptState(attempt_id=ev.attempt_id, sequence_id=expected, start_time=ev.start_time,
                                worker_id=ev.worker_id)
-        return _accept(state, ev, attempts=state.attempts + (attempt,), status="preparing")
+        return _accept(state, ev, attempts=state.attempts + (attempt,), status="preparing", end_time=None)
     if state.status not in QUEUING:
         return _reject(state, ev, f"claim rejected: rollout is {state.status}, not on offer")
     if ev.sequence_id != expected:

@@ -5,9 +5,9 @@ spans, from ClickHouse. A write returns after the lifecycle processor has applie
 the result (read-your-writes), so ``enqueue_rollout`` followed by ``get_rollout_by_id`` finds the rollout.
 
 Differences from the reference, on purpose: terminal rollout states are final (a late change is an error, not
-a resurrection); a span or sequence id for an unknown rollout is an error; span duplicates are recognised
-within this store's own writes (any others collapse in ClickHouse, see docs/api.md, "SQL and the ClickHouse
-tables").
+a resurrection; a new attempt started on a finished rollout is the one way back, as in the reference); a span
+or sequence id for an unknown rollout is an error; span duplicates are recognised within this store's own writes
+(any others collapse in ClickHouse, see docs/api.md, "SQL and the ClickHouse tables").
 """
 
 from __future__ import annotations

@@ -149,16 +149,34 @@ def test_start_rollout_begins_with_an_attempt_and_no_offer() -> None:
     assert s.attempts[0].worker_id == "w" and s.attempts[0].sequence_id == 1
 
 
-def test_forced_attempts_bypass_the_queue_and_max_attempts_but_not_a_finished_rollout() -> None:
+def test_forced_attempts_bypass_the_queue_and_max_attempts() -> None:
     log = Log()
     log.fold(log.enqueue())  # max_attempts 1
     log.fold(log.claim(1, "at-a"))
     forced = AttemptStarted(meta=log.f.meta(RID), attempt_id="at-b", sequence_id=99, start_time=3.0, force=True)
     assert log.fold(forced).accepted
     assert [a.sequence_id for a in log.state.attempts] == [1, 2]  # type: ignore[union-attr]
-    log.fold(log.attempt("at-b", "succeeded"))
-    again = AttemptStarted(meta=log.f.meta(RID), attempt_id="at-c", sequence_id=3, start_time=4.0, force=True)
-    assert not log.fold(again).accepted
+
+
+def test_a_forced_attempt_reopens_a_finished_rollout_which_follows_it() -> None:
+    """As the reference's start_attempt: the rollout's status follows its newest attempt, whatever it was."""
+    log = Log()
+    log.fold(log.enqueue())
+    log.fold(log.claim(1, "at-a"))
+    log.fold(log.attempt("at-a", "succeeded", t=4.0))
+    assert log.state.status == "succeeded" and log.state.end_time == 4.0  # type: ignore[union-attr]
+    assert not log.fold(log.rollout("queuing")).accepted  # a status set directly: terminal states stay final
+    again = AttemptStarted(meta=log.f.meta(RID), attempt_id="at-c", sequence_id=3, start_time=5.0, force=True)
+    out = log.fold(again)
+    s = log.state
+    assert out.accepted and out.offer is None and s is not None
+    assert (s.status, s.end_time, [a.status for a in s.attempts]) == ("preparing", None, ["succeeded", "preparing"])
+    assert s.attempts[-1].sequence_id == 2
+    log.fold(log.beat("at-c", t=6.0))
+    assert log.state.status == "running"  # type: ignore[union-attr]
+    log.fold(log.attempt("at-c", "failed", t=7.0))  # max_attempts 1: no retry
+    assert (log.state.status, log.state.end_time) == ("failed", 7.0)  # type: ignore[union-attr]
+    assert not log.fold(log.attempt("at-a", "failed")).accepted  # the old attempt stays as it ended
 
 
 def test_update_rollout_changes_only_the_named_fields() -> None:
