@@ -103,6 +103,16 @@ def span_heartbeat_due(snap: RolloutSnapshot | None, attempt_id: str, max_sequen
     return attempt is None or attempt.status != "running"
 
 
+def span_heartbeat_shows(snap: RolloutSnapshot | None, attempt_id: str) -> bool:
+    """Whether a span's heartbeat changes what readers see of its attempt (pure): it starts a preparing attempt,
+    revives an unresponsive one (see the fold), or records the attempt's first heartbeat. The span call then
+    returns once that is folded, so the attempt reads as the reference's does right after ``add_span``; other
+    beats only keep the timers off and are not waited for."""
+    attempt = None if snap is None else next((a for a in snap.attempts if a.attempt_id == attempt_id), None)
+    return (attempt is None or attempt.status in ("preparing", "unresponsive")
+            or attempt.last_heartbeat_time is None)
+
+
 class StoreError(RuntimeError):
     """The pipeline did not answer in time (a processor is down or far behind), or the broker refused a write."""
 
@@ -115,6 +125,15 @@ def _fail_on_error(fut: Future[Any]) -> Callable[[Any, Any], None]:
                 fut.set_exception(StoreError(f"the event was not written to {msg.topic()}: {err}"))
             except InvalidStateError:  # answered meanwhile
                 pass
+
+    return report
+
+
+def _also(first: Callable[[Any, Any], None], second: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
+    """One delivery callback that calls two."""
+    def report(err: Any, msg: Any) -> None:
+        first(err, msg)
+        second(err, msg)
 
     return report
 
@@ -765,11 +784,19 @@ class LitStore:
 
         for (rid, _, _), _seq, value in batch:
             self.events.produce_raw(self.events.topics.spans, rid.encode(), value, on_delivery=span_report)
+        shown: list[tuple[AttemptHeartbeat, Future[RolloutSnapshot]]] = []
         for (rid, aid), max_seq in beats.items():
-            self.events.send(self.events.topics.rollout_events, AttemptHeartbeat(
-                meta=self.events.factory.meta(rid), attempt_id=aid, time=time.time(), max_sequence_id=max_seq),
-                on_delivery=report)
+            beat = AttemptHeartbeat(meta=self.events.factory.meta(rid), attempt_id=aid, time=time.time(),
+                                    max_sequence_id=max_seq)
+            on_delivery = report
+            if span_heartbeat_shows(self.rollouts.snapshots.get(rid), aid):
+                fut = self.rollouts.expect(beat.meta.event_id)
+                shown.append((beat, fut))
+                on_delivery = _also(report, _fail_on_error(fut))
+            self.events.send(self.events.topics.rollout_events, beat, on_delivery=on_delivery)
         await self._acknowledged(acked, "the spans")
+        for beat, fut in shown:  # read-your-writes of the attempt a span started or revived
+            await self._outcome(fut, beat)
         for key, _, _ in batch:  # only spans on Kafka count as added: a failed call can be retried
             self._span_keys[key] = None
         while len(self._span_keys) > 200_000:
