@@ -30,7 +30,7 @@ from litstream.infra.clickhouse import (
     query,
     write_owner,
 )
-from litstream.infra.clickhouse.resident import library_mappings
+from litstream.infra.clickhouse.resident import file_mappings
 from litstream.schemas.events import Event, TripletEmitted
 from litstream.streams.event_rows import LIFECYCLE_TYPES, Positioned, event_arrow, triplet_arrow
 from litstream.streams.span_rows import SPAN_COLUMNS, span_arrow, span_columns
@@ -83,18 +83,23 @@ def test_spans_land_with_otel_columns_and_rollout_columns(ch: ClickHouse) -> Non
                            "m"]
 
 
-def test_the_engine_answers_after_its_start_up_pages_are_paged_out(ch: ClickHouse) -> None:
-    ch.release_startup_pages()  # the pages fault back in from the page cache as the engine runs them
+def test_the_engine_answers_after_its_start_up_pages_are_dropped(ch: ClickHouse) -> None:
+    ch.release_startup_pages()  # the pages come back from the page cache as the engine runs them
     ch.insert_arrow("spans", span_arrow([span(1), span(2)]))
     assert ch.query("SELECT count() FROM spans FINAL").rows == [[2]]
 
 
-def test_library_mappings_are_found_by_file_path() -> None:
-    maps = ("7f00-7f10 r--p 00000000 08:01 11 /venv/site-packages/chdb/_chdb.abi3.so\n"
-            "7f10-7f30 r-xp 00010000 08:01 11 /venv/site-packages/chdb/_chdb.abi3.so\n"
-            "7f30-7f40 rw-p 00000000 00:00 0 \n"
-            "7f40-7f50 r-xp 00000000 08:01 12 /usr/lib/libc.so.6\n")
-    assert library_mappings("/chdb", maps) == [(0x7F00, 0x7F10), (0x7F10, 0x7F30)]
+def test_only_unchanged_read_only_library_mappings_are_dropped() -> None:
+    smaps = ("7f00-7f10 r--p 00000000 08:01 11 /venv/site-packages/chdb/_chdb.abi3.so\nRss: 8 kB\nAnonymous: 0 kB\n"
+             "7f10-7f30 r-xp 00010000 08:01 11 /venv/site-packages/chdb/_chdb.abi3.so\nAnonymous: 0 kB\n"
+             "7f30-7f38 r--p 00030000 08:01 11 /venv/site-packages/chdb/_chdb.abi3.so\nAnonymous: 32 kB\n"
+             "7f38-7f40 rw-p 00038000 08:01 11 /venv/site-packages/chdb/_chdb.abi3.so\nAnonymous: 0 kB\n"
+             "7f40-7f50 rw-p 00000000 00:00 0 \nAnonymous: 64 kB\n"
+             "7f50-7f60 r-xp 00000000 08:01 12 /usr/lib/libc.so.6\nAnonymous: 0 kB\nVmFlags: rd ex\n")
+    found = file_mappings(smaps, "/chdb")
+    assert [(m.start, m.end) for m in found] == [(0x7F00, 0x7F10), (0x7F10, 0x7F30), (0x7F30, 0x7F38), (0x7F38, 0x7F40)]
+    # relocated (private copies) and writable mappings keep their pages: dropping them would lose the changes
+    assert [m.droppable for m in found] == [True, True, False, False]
 
 
 def test_arrow_keeps_nanoseconds_maps_and_nested_columns(ch: ClickHouse) -> None:

@@ -25,7 +25,7 @@ from clickhouse_connect.driver.client import Client
 
 from ..health import pid_alive
 from .guard import QueryLimits, UnsafeQueryError, check_read_only, explain_error
-from .resident import page_out_library
+from .resident import drop_clean_library_pages
 
 __all__ = ["ChdbLockedError", "ClickHouse", "NoOwnerError", "QueryError", "QueryLimits", "QueryResult",
            "UnsafeQueryError", "check_read_only", "query", "reader", "user_sql"]
@@ -235,10 +235,10 @@ class ClickHouse:
         return client
 
     def release_startup_pages(self) -> None:
-        """chDB only: page out the engine's code that its start-up alone touched (:mod:`.resident`)."""
+        """chDB only: drop the engine code only its start-up ran from this process's memory (:mod:`.resident`)."""
         if self.path is not None:
             with self.lock:
-                page_out_library(f"{os.sep}chdb")
+                drop_clean_library_pages(f"{os.sep}chdb")
 
     def close(self) -> None:
         with self.lock:
