@@ -49,6 +49,13 @@ class LoopDemoConfig:
     lr: float = 1e-3
     epochs: int = 4
     entropy_coef: float = 0.03
+    entropy_fade: bool = True  # the bonus fades as the window's mean reward nears 1 (docs/training.md)
+    lr_schedule: str = "constant"
+    # Validation: every distinct toy task (4 letters x 2 counts) sampled val_samples times, every val_every
+    # versions; the run stops after `patience` validations without a new best and publishes the best version.
+    val_every: int = 5
+    val_samples: int = 8
+    patience: int | None = 4
     # One window of rollouts per published version, pinned to it: each sample is trained exactly one version
     # after the one that made it (measured: samples two versions old learned several times slower).
     waves: bool = True
@@ -89,35 +96,33 @@ def run_closed_loop(settings: Settings, cfg: LoopDemoConfig, quiet: bool = False
     run_dir = settings.data_dir / "demo"
     rng = random.Random(cfg.seed)
     tasks = [toy_task.make_task(rng) for _ in range(max(1, cfg.steps) * cfg.groups_per_step * 2)]
+    val = [{"letter": letter, "count": n} for letter in toy_task.LETTERS for n in range(1, toy_task.MAX_COUNT + 1)]
     algorithm = GRPO(model=cfg.model, group_size=cfg.group_size, groups_per_step=cfg.groups_per_step,
                      max_staleness=cfg.max_staleness, lr=cfg.lr, ppo_epochs=cfg.epochs,
-                     entropy_coef=cfg.entropy_coef, in_flight=cfg.in_flight, seed=cfg.seed, window_seconds=None,
-                     max_versions=cfg.steps, minutes=cfg.minutes, val_every=0, pin_versions=True,
-                     waves=cfg.waves)
+                     entropy_coef=cfg.entropy_coef, entropy_fade=cfg.entropy_fade, lr_schedule=cfg.lr_schedule,
+                     in_flight=cfg.in_flight, seed=cfg.seed, window_seconds=None, max_versions=cfg.steps,
+                     minutes=cfg.minutes, val_every=cfg.val_every if cfg.val_samples else 0,
+                     val_samples=cfg.val_samples, patience=cfg.patience, pin_versions=True, waves=cfg.waves)
     outcome: dict[str, Any] = {}
     trainer = Trainer(algorithm=algorithm, n_runners=cfg.runners, concurrency=cfg.concurrency, model=cfg.model,
                       settings=settings, quiet=quiet, serve_policy=False, run_name="demo",
                       on_finish=lambda s: outcome.update(_outcome(s, algorithm.history.rollouts)))
-    summary = trainer.fit(AGENT, tasks)
-    rows = outcome.get("rows", [])
-    by_version: dict[int, float] = {}
-    counts: dict[int, int] = {}
-    for rid, mean, n in rows:
-        v = parse_policy_version(rid)
-        if v is not None:
-            by_version[v], counts[v] = float(mean), int(n)
-    by_version = dict(sorted(by_version.items()))
-    counts = dict(sorted(counts.items()))
+    summary = trainer.fit(AGENT, tasks, val if cfg.val_samples else None)
+    by_version, counts = train_reward_by_version(outcome.get("rows", []), algorithm.val_ids)
     steps = _trainer_steps(run_dir)
-    plot = _plot(by_version, counts, steps, cfg.plot or run_dir / "reward_curve.png")
+    vals = {v: (e.mean, e.se) for v, e in algorithm.val_estimates.items()}
+    plot = _plot(by_version, counts, steps, cfg.plot or run_dir / "reward_curve.png", vals, algorithm.best)
     triplet_versions = outcome.get("triplet_versions", {})
+    last3 = [by_version[v] for v in list(by_version)[-3:]]
     return LoopDemoResult(versions=list(by_version), mean_reward_by_version=by_version, rollouts_by_version=counts,
                           rollouts=summary.rollouts, by_status=summary.by_status,
                           spans_emitted=outcome.get("spans_emitted", 0),
                           spans_in_clickhouse=outcome.get("spans_in_clickhouse", 0),
                           triplets=sum(triplet_versions.values()), trainer_steps=steps,
                           seconds=time.monotonic() - t0, data_dir=str(run_dir), plot=plot,
-                          extra={"triplets_by_version": triplet_versions})
+                          extra={"triplets_by_version": triplet_versions,
+                                 "last3_mean_reward": round(sum(last3) / len(last3), 4) if last3 else None,
+                                 "interrupted": summary.interrupted, **summary.extra})
 
 
 def _outcome(settings: Settings, rollouts: int) -> dict[str, Any]:
@@ -128,10 +133,24 @@ def _outcome(settings: Settings, rollouts: int) -> dict[str, Any]:
             break
         time.sleep(0.3)
     spans_emitted, in_ch = spans_emitted_and_stored(settings)
-    rows = clickhouse.query(settings.resolved_clickhouse_dsn, "SELECT resources_id, avg(reward), count() FROM "
-                            "spans FINAL WHERE reward IS NOT NULL GROUP BY resources_id").rows
+    rows = clickhouse.query(settings.resolved_clickhouse_dsn, "SELECT rollout_id, any(resources_id), avg(reward) FROM "
+                            "spans FINAL WHERE reward IS NOT NULL GROUP BY rollout_id").rows
     return {"spans_emitted": spans_emitted, "spans_in_clickhouse": in_ch, "rows": rows,
             "triplet_versions": _triplet_versions(settings)}
+
+
+def train_reward_by_version(rows: list[Any], val_ids: set[str]) -> tuple[dict[int, float], dict[int, int]]:
+    """Mean reward and count of the training rollouts per policy version, from (rollout id, resources id, reward)
+    rows; validation rollouts are left out."""
+    sums: dict[int, float] = {}
+    counts: dict[int, int] = {}
+    for rollout_id, resources_id, reward in rows:
+        v = parse_policy_version(resources_id)
+        if v is None or rollout_id in val_ids:
+            continue
+        sums[v] = sums.get(v, 0.0) + float(reward)
+        counts[v] = counts.get(v, 0) + 1
+    return ({v: sums[v] / counts[v] for v in sorted(sums)}, dict(sorted(counts.items())))
 
 
 def _triplet_versions(settings: Settings) -> dict[str, int]:
@@ -170,7 +189,8 @@ def _minutes_to_version(steps: list[dict[str, Any]], version: int) -> float | No
 
 
 def _plot(by_version: dict[int, float], counts: dict[int, int], steps: list[dict[str, Any]],
-          path: Path) -> str | None:
+          path: Path, vals: dict[int, tuple[float, float]] | None = None,
+          best: dict[str, Any] | None = None) -> str | None:
     if not by_version:
         return None
     import matplotlib
@@ -184,10 +204,21 @@ def _plot(by_version: dict[int, float], counts: dict[int, int], steps: list[dict
     if steps:
         ax.plot([s["version"] - 1 for s in steps], [s["reward_mean"] for s in steps], alpha=0.5, linestyle="--",
                 label="mean reward of each training window")
+    if vals:
+        vs = sorted(vals)
+        ax.errorbar(vs, [vals[v][0] for v in vs], yerr=[1.96 * vals[v][1] if vals[v][1] != float("inf") else 0
+                                                          for v in vs],
+                    fmt="s", color="tab:green", markersize=4, capsize=2, label="validation (95% interval)")
+    if best is not None:
+        bv = int(best["version"])
+        ax.axvline(bv, color="tab:red", linewidth=1, alpha=0.7)
+        ax.plot([bv], [best["validation"]], marker="*", color="tab:red", markersize=14, linestyle="none",
+                label=f"best validated: v{bv} ({best['validation']:.3f}), published at the end")
     ax.set_xlabel("policy version that generated the rollouts")
     ax.set_ylabel("reward")
-    top = max([*by_version.values(), *(s["reward_mean"] for s in steps)], default=1.0)
-    ax.set_ylim(0, min(1.05, max(0.1, top * 1.25)))
+    top = max([*by_version.values(), *(s["reward_mean"] for s in steps),
+               *(m + 1.96 * se for m, se in (vals or {}).values() if se != float("inf"))], default=1.0)
+    ax.set_ylim(0, min(1.1, max(0.1, top * 1.25)))
     ax.axhline(TARGET_REWARD, color="grey", linewidth=0.8, linestyle=":")
     reached = _first_version_at(by_version, TARGET_REWARD)
     when = _minutes_to_version(steps, reached) if reached is not None else None
@@ -211,6 +242,18 @@ def print_result(result: LoopDemoResult, as_json: bool) -> None:
     for v, r in result.mean_reward_by_version.items():
         table.add_row(f"v{v}", str(result.rollouts_by_version.get(v, 0)), f"{r:.3f}", "#" * round(r * 40))
     out.print(table)
+    extra = result.extra
+    best = extra.get("best")
+    if extra.get("last3_mean_reward") is not None:
+        out.print(f"mean reward of the last three versions: {extra['last3_mean_reward']:.3f}")
+    if best:
+        out.print(f"best validated version: v{best['version']} (validation {best['validation']:.3f}); published as "
+                  f"{best.get('resources_id') or '(not published)'}, checkpoint {best.get('checkpoint')}")
+    for key in ("stopped", "no_signal"):
+        if extra.get(key):
+            out.print(f"{key.replace('_', ' ')}: {extra[key]}")
+    if extra.get("interrupted"):
+        out.print("interrupted: stopped by Ctrl-C; the table shows what was done")
     out.print(f"rollouts {result.rollouts} {result.by_status}   spans emitted {result.spans_emitted}   "
               f"in ClickHouse {result.spans_in_clickhouse}   triplets {result.triplets}   "
               f"took {result.seconds:.0f}s")

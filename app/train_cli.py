@@ -14,6 +14,7 @@ from rich.table import Table
 
 from litstream.infra.settings import Settings
 from litstream.trainer.algorithm import GRPO, Algorithm, Baseline, PromptSearch
+from litstream.trainer.defaults import SMOLLM2, TINY
 
 EXAMPLE = """\b
 Examples:
@@ -35,8 +36,17 @@ def _algorithm(name: str, opts: dict[str, Any]) -> Algorithm:
         return PromptSearch(opts["template"], critic=opts["critic_url"], rounds=opts["rounds"],
                             critic_model=opts["critic_model"], critic_max_tokens=opts["critic_max_tokens"])
     return GRPO(model=opts["model"], group_size=opts["group_size"], groups_per_step=opts["groups_per_step"],
-                passes=opts["passes"], val_every=opts["val_every"], lr=opts["lr"], ppo_epochs=opts["epochs"],
-                entropy_coef=opts["entropy_coef"], max_staleness=opts["max_staleness"], seed=opts["seed"])
+                passes=opts["passes"], minutes=opts["minutes"], max_versions=opts["max_versions"],
+                val_every=opts["val_every"], val_samples=opts["val_samples"],
+                patience=opts["patience"] or None, lr=opts["lr"], lr_schedule=opts["lr_schedule"],
+                ppo_epochs=opts["epochs"], entropy_coef=opts["entropy_coef"], temperature=opts["temperature"],
+                max_tokens=opts["max_tokens"], max_staleness=opts["max_staleness"], seed=opts["seed"])
+
+
+def _per_model(field: str, fmt: str = "{}") -> str:
+    """The defaults of both named policies, for --help."""
+    return (f"(default per model: tiny {fmt.format(getattr(TINY, field))}, smollm2 and other Hugging Face "
+            f"models {fmt.format(getattr(SMOLLM2, field))})")
 
 
 @click.command(epilog=EXAMPLE)
@@ -47,17 +57,40 @@ def _algorithm(name: str, opts: dict[str, Any]) -> Algorithm:
 @click.option("--val", "val_path", type=click.Path(path_type=Path), default=None, help="Validation tasks, as --train.")
 @click.option("--algorithm", type=click.Choice(["grpo", "baseline", "prompt-search"]), default="grpo",
               show_default=True)
-@click.option("--model", type=click.Choice(["tiny", "smollm2"]), default="tiny", show_default=True,
-              help="The policy the server answers with (and GRPO trains).")
+@click.option("--model", default="tiny", show_default=True,
+              help="The policy the server answers with (and GRPO trains): tiny (a 0.5M byte-level model that learns "
+                   "the toy task from scratch), smollm2 (SmolLM2-135M-Instruct, pretrained), or a directory holding "
+                   "a Hugging Face causal LM. Each brings its own defaults for the options marked 'per model'.")
 @click.option("--runners", default=1, show_default=True, help="Runner processes.")
 @click.option("--concurrency", default=32, show_default=True, help="Agent slots per runner.")
-@click.option("--passes", default=1, show_default=True, help="GRPO: passes over the training set.")
-@click.option("--group-size", default=8, show_default=True, help="GRPO: rollouts per task.")
-@click.option("--groups-per-step", default=16, show_default=True, help="GRPO: groups per training step.")
+@click.option("--passes", type=int, default=None,
+              help="GRPO: passes over the training set. Without --passes, --minutes and --max-versions, the run "
+                   f"goes over the set again and again for a first-run budget {_per_model('minutes', '{:g} min')} "
+                   f"or {TINY.max_versions} / {SMOLLM2.max_versions} versions; with any of them, only the bounds "
+                   "given apply. Either way it stops early once validation stops improving (--patience).")
+@click.option("--minutes", type=float, default=None, help="GRPO: stop submitting after this long.")
+@click.option("--max-versions", type=int, default=None, help="GRPO: stop after this many policy versions.")
+@click.option("--group-size", type=int, default=None, help=f"GRPO: rollouts per task {_per_model('group_size')}.")
+@click.option("--groups-per-step", type=int, default=None,
+              help=f"GRPO: groups per training step {_per_model('groups_per_step')}.")
 @click.option("--val-every", default=5, show_default=True, help="GRPO: validate every N policy versions.")
-@click.option("--lr", default=1e-3, show_default=True)
-@click.option("--epochs", default=4, show_default=True, help="GRPO: optimizer steps per window.")
-@click.option("--entropy-coef", default=0.03, show_default=True)
+@click.option("--val-samples", default=1, show_default=True,
+              help="GRPO: rollouts per validation task; the task's score is their mean.")
+@click.option("--patience", default=4, show_default=True,
+              help="GRPO: stop after this many validations without a new best (0: never).")
+@click.option("--lr", type=float, default=None,
+              help=f"GRPO: learning rate {_per_model('lr', '{:g}')}; above {SMOLLM2.max_lr:g} a pretrained model "
+                   "is refused, as it would be wrecked.")
+@click.option("--lr-schedule", type=click.Choice(["constant", "cosine", "linear"]), default="constant",
+              show_default=True, help="GRPO: decay of the learning rate to a tenth at the version budget.")
+@click.option("--epochs", type=int, default=None, help=f"GRPO: optimizer steps per window {_per_model('epochs')}.")
+@click.option("--entropy-coef", type=float, default=None,
+              help=f"GRPO: entropy bonus, fading as the reward nears 1 {_per_model('entropy_coef', '{:g}')}.")
+@click.option("--temperature", type=float, default=None,
+              help="GRPO: sampling temperature published with each version, for agents that read "
+                   f"llm.sampling_parameters {_per_model('temperature', '{:g}')}.")
+@click.option("--max-tokens", type=int, default=None,
+              help=f"GRPO: response length published with each version {_per_model('max_tokens')}.")
 @click.option("--max-staleness", default=2, show_default=True)
 @click.option("--seed", default=0, show_default=True)
 @click.option("--template", multiple=True, help="prompt-search: a candidate prompt template (repeatable).")
@@ -81,8 +114,15 @@ def train(agent: str | None, train_path: Path, val_path: Path | None, algorithm:
     """Train an agent on a dataset (Trainer.fit): GRPO on the policy, a baseline run, or a prompt search.
 
     Brings up the embedded stack (broker, pipeline, policy server publishing itself, the trainer, runners with
-    the agent), validates on version 0 and every --val-every versions, and prints the reward per version.
-    Ctrl-C stops cleanly: checkpoints and the event log keep what was done.
+    the agent), validates on version 0 and every --val-every versions, and prints the reward per version. With
+    only --agent and --train (and --val), GRPO trains with the model's defaults until its first-run budget (10
+    minutes for tiny, 30 for smollm2; the start line states it) or until validation stops improving, then
+    publishes the best validated version (the summary names its resources id and checkpoint). Progress shows,
+    per training window, the share of groups whose rewards were all equal and the reward spread; a run without
+    learning signal says so and what to try.
+
+    Ctrl-C stops cleanly at any point: every process the run started is stopped, the summary is printed, and
+    checkpoints and the event log keep what was done.
     """
     from .trainer import Trainer, load_dataset
 
@@ -108,7 +148,23 @@ def train(agent: str | None, train_path: Path, val_path: Path | None, algorithm:
         tr, va = summary.train_reward_by_version.get(v), summary.val_reward_by_version.get(v)
         table.add_row(f"v{v}", f"{tr:.3f}" if tr is not None else "", f"{va:.3f}" if va is not None else "")
     out.print(table)
+    extra = summary.extra
+    val = extra.get("validation") or {}
+    if val:
+        last = max(val, key=int)
+        e = val[last]
+        se = f" ± {e['se']:.3f}" if e.get("se") is not None else ""
+        out.print(f"last validation v{last}: {e['mean']:.3f}{se} ({e['tasks']} tasks × {e['samples']})")
+    best = extra.get("best")
+    if best:
+        out.print(f"best validated version: v{best['version']} ({best['validation']:.3f}), published as "
+                  f"{best.get('resources_id') or '(not published: stopped)'}; checkpoint {best.get('checkpoint')}")
+    for key in ("stopped", "no_signal"):
+        if extra.get(key):
+            out.print(f"{key.replace('_', ' ')}: {escape(str(extra[key]))}")
+    for w in extra.get("warnings") or []:
+        out.print(f"[yellow]warning:[/] {escape(w)}")
     out.print(f"rollouts {summary.rollouts} {summary.by_status}; took {summary.seconds:.0f}s"
-              + ("; interrupted" if summary.interrupted else ""))
+              + ("; interrupted (Ctrl-C): stopped cleanly" if summary.interrupted else ""))
     if as_json:
         sys.stdout.write(json.dumps(summary.as_dict()) + "\n")

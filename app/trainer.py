@@ -211,6 +211,10 @@ class StackDriver:
             self.console.print(f"  {message}")
             self._last_show = time.monotonic()
 
+    def notice(self, message: str) -> None:
+        """A line the user must see, printed whenever it comes (progress lines are thinned to one per 5 s)."""
+        self.console.print(f"  [bold]{message}[/]")
+
 
 @dataclass
 class FitSummary:
@@ -319,27 +323,38 @@ class Trainer:
         self.gateway_port = gateway_port
         self.console = Console(stderr=True, quiet=quiet)
         self._driver: StackDriver | None = None
+        self._stop = threading.Event()  # set by Ctrl-C or stop(); each fit starts with a fresh one
+        self._stopping_announced = False
 
     def fit(self, agent: Any, train_dataset: Sequence[Any], val_dataset: Sequence[Any] | None = None) -> FitSummary:
-        """Train ``agent`` on ``train_dataset``, validating on ``val_dataset``; Ctrl-C stops cleanly (the
-        trainer's checkpoints and the topics keep what was done) and still returns the summary."""
+        """Train ``agent`` on ``train_dataset``, validating on ``val_dataset``. Ctrl-C at any point (while the
+        stack starts, trains or stops) stops cleanly: no more rollouts are submitted, every process the run started
+        is stopped, the trainer's checkpoints and the topics keep what was done, and the summary is returned."""
         train, val = _tasks(train_dataset, "train"), _tasks(val_dataset, "val") if val_dataset is not None else None
         path, extra_path = self._agent(agent)
         t0 = time.monotonic()
-        interrupted = False
-        with self._running(path, extra_path) as driver:
+        self._stop = threading.Event()
+        self._stopping_announced = False
+        previous = None
+        if threading.current_thread() is threading.main_thread():
             previous = signal.getsignal(signal.SIGINT)
-            if threading.current_thread() is threading.main_thread():
-                signal.signal(signal.SIGINT, lambda *_: self._interrupt(driver))
-            try:
+            signal.signal(signal.SIGINT, lambda *_: self._interrupt())
+        try:
+            with self._running(path, extra_path) as driver:
                 self.algorithm.run(driver, train, val)
-                if self.on_finish is not None and not driver.stop_event.is_set():
+                if self.on_finish is not None and not self._stop.is_set():
                     self.on_finish(driver.settings)
-            finally:
-                interrupted = driver.stop_event.is_set()
-                if threading.current_thread() is threading.main_thread():
-                    signal.signal(signal.SIGINT, previous)
-        return self._summary(time.monotonic() - t0, interrupted)
+        except _StoppedWhileStarting:
+            pass
+        except Exception as exc:
+            if not self._stop.is_set():
+                raise
+            # asked to stop: what the stop cut short (a wait for a policy, a timeout) is no error of the run
+            self.console.print(f"  [dim]cut short by the stop: {type(exc).__name__}: {exc}[/]")
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+        return self._summary(time.monotonic() - t0, self._stop.is_set())
 
     def _agent(self, agent: Any) -> tuple[str, str | None]:
         if agent is None and self.n_runners == 0 and self.gateway:
@@ -359,17 +374,40 @@ class Trainer:
 
     def stop(self) -> None:
         """Ask a running ``fit`` to stop (what Ctrl-C does)."""
-        if self._driver is not None:
-            self._driver.stop_event.set()
+        self._stop.set()
 
-    def _interrupt(self, driver: StackDriver) -> None:
-        self.console.print("  stopping: the rollouts in flight are left to the log, checkpoints are kept ...")
-        driver.stop_event.set()
+    def _interrupt(self) -> None:
+        """SIGINT: only sets the stop flag (never raises), so the stack's processes are always stopped."""
+        if self._stopping_announced:
+            self.console.print("  already stopping: the stack's processes are being stopped ...")
+        else:
+            self.console.print("  stopping: the rollouts in flight are left to the log, checkpoints are kept; "
+                               "stopping the stack's processes ...")
+        self._stopping_announced = True
+        self._stop.set()
+
+    def _check_stop(self) -> None:
+        if self._stop.is_set():
+            raise _StoppedWhileStarting
+
+    def _wait_ready(self, stack: Stack, name: str, role: str, key: str | None = None,
+                    timeout: float = 60.0) -> None:
+        """``stack.wait_ready`` that gives up as soon as the user asks to stop."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self._check_stop()
+            try:
+                stack.wait_ready(name, role, timeout=min(1.0, max(0.05, deadline - time.monotonic())), key=key)
+                return
+            except TimeoutError:
+                if time.monotonic() >= deadline:
+                    raise
 
     @contextmanager
     def _running(self, agent: str, extra_path: str | None) -> Iterator[StackDriver]:
         if self.join:
             driver = StackDriver(self.settings, None, self.console, self.rollout_config)
+            driver.stop_event = self._stop
             self._driver = driver
             try:
                 # what the stack published before (its policy) is known before the algorithm asks for it
@@ -382,13 +420,19 @@ class Trainer:
         run_dir = self.settings.data_dir / self.run_name
         _clear_run_dir(run_dir, keep=["checkpoints", "trainer-metrics.jsonl"] if self.resume else [])
         update: dict[str, object] = {"data_dir": run_dir, "clickhouse_dsn": None}
+        self._check_stop()
         with Stack(self.settings.model_copy(update=update)) as stack:
+            settings_text = getattr(self.algorithm, "settings_text", None)
             self.console.print(f"[bold]litstream train[/]: {self.algorithm.name}, {self.n_runners} runner(s) x "
-                               f"{self.concurrency} slots, agent {agent}; data in {run_dir}")
+                               f"{self.concurrency} slots, agent {agent}; data in {run_dir}"
+                               + (f"\n  {settings_text()}" if callable(settings_text) else ""))
             stack.start_broker()
+            self._check_stop()
             stack.create_topics()
+            self._check_stop()
             self.settings = stack.settings
             driver = StackDriver(stack.settings, stack, self.console, self.rollout_config)
+            driver.stop_event = self._stop
             self._driver = driver
             try:
                 self._start_pipeline(stack, driver, agent, extra_path)
@@ -402,10 +446,11 @@ class Trainer:
         if self.algorithm.uses_triplets:
             stack.start("triplets", "process", "triplets")
         self.algorithm.prepare(driver)
-        stack.wait_ready("lifecycle", "lifecycle")
-        stack.wait_ready("span-sink", "span-sink", key="inserted")
+        self._wait_ready(stack, "lifecycle", "lifecycle")
+        self._wait_ready(stack, "span-sink", "span-sink", key="inserted")
         if self.algorithm.trains_policy:
-            stack.wait_ready("trainer", "trainer", key="version", timeout=600)  # SmolLM2 takes a while to load
+            # SmolLM2 takes a while to load
+            self._wait_ready(stack, "trainer", "trainer", key="version", timeout=600)
         if self.serve_policy:
             self._start_policy_server(stack, driver)
         if self.gateway:
@@ -417,8 +462,10 @@ class Trainer:
         if extra_path:
             os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (extra_path, os.environ.get("PYTHONPATH")) if p)
         for i in range(self.n_runners):
+            self._check_stop()
             stack.start(f"runner-{i}", "runner", "--agent", agent, "--concurrency", str(self.concurrency))
         wait_for_policy(driver, lambda p: True, 120.0)  # the server fronts version 0: agents can call it
+        self._check_stop()
         self.console.print("  pipeline, policy server and runners are up")
 
     def _start_policy_server(self, stack: Stack, driver: StackDriver) -> None:
@@ -428,13 +475,13 @@ class Trainer:
         server += ["--checkpoint", checkpoint] if checkpoint else ["--model", self.model]
         driver.serving_through_proxy = True
         stack.start("policy-server", *server)
-        stack.wait_ready("policy-server", "policy-server", key="url", timeout=600)
+        self._wait_ready(stack, "policy-server", "policy-server", key="url", timeout=600)
 
     def _start_gateway(self, stack: Stack, driver: StackDriver) -> None:
         """The gateway on a port fixed for the whole run (a restarted gateway keeps the URL runners were given)."""
         host, port = self.settings.gateway_host, self.gateway_port or free_port()
         stack.start("gateway", "gateway", "--host", host, "--port", str(port))
-        stack.wait_ready("gateway", "gateway")
+        self._wait_ready(stack, "gateway", "gateway")
         driver.gateway_url = f"http://{host}:{port}"
         stack.describe(gateway_url=driver.gateway_url)  # `litstream status` in this data dir shows it
         self.console.print(f"  [bold]gateway[/] on {driver.gateway_url}: point Agent Lightning's runners at it "
@@ -449,6 +496,10 @@ class Trainer:
                           val_reward_by_version=History.means(h.val), rollouts=h.rollouts, failed=h.failed,
                           by_status=dict(h.statuses), seconds=seconds, interrupted=interrupted,
                           data_dir=str(self.settings.data_dir), extra=extra)
+
+
+class _StoppedWhileStarting(Exception):
+    """Ctrl-C came while the stack was starting: unwind (stopping what started) and return the summary."""
 
 
 def _clear_run_dir(run_dir: Path, keep: list[str]) -> None:

@@ -83,7 +83,7 @@ def joined(shared_stack: Stack) -> Iterator[Callable[..., Trainer]]:
 
 @pytest.mark.timeout(900)
 def test_fit_makes_n_times_group_size_training_rollouts_and_validates_each_version(tmp_path: Path) -> None:
-    algorithm = GRPO(group_size=2, groups_per_step=1, val_every=1, window_seconds=5.0, in_flight=4)
+    algorithm = GRPO(group_size=2, groups_per_step=1, passes=1, val_every=1, window_seconds=5.0, in_flight=4)
     summary = Trainer(algorithm=algorithm, n_runners=1, concurrency=4, settings=_settings(tmp_path),
                       quiet=True).fit("tests.fit_agents:copy_agent", TASKS, VAL_TASKS)
     train = algorithm.history.train
@@ -178,39 +178,128 @@ def _checkpoint_versions(root: Path) -> list[int]:
     return [v for v, _ in list_checkpoints(root)] if root.exists() else []
 
 
-@pytest.mark.timeout(1800)
-def test_ctrl_c_during_fit_stops_cleanly_and_a_rerun_resumes_from_the_checkpoints(tmp_path: Path) -> None:
-    env = {**os.environ, "LITSTREAM_DATA_DIR": str(tmp_path / "data"), "OMP_NUM_THREADS": "1"}
-    checkpoints = tmp_path / "data" / "train" / "checkpoints"
-    proc = subprocess.Popen(_train_cmd("--train", "examples/data/copy_train.jsonl", "--passes", "5"), env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+def _descendants(pid: int) -> dict[int, str]:
+    """Every process below ``pid`` (children started in their own sessions included), by pid: command line."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                parents[int(entry.name)] = int(stat[stat.rindex(")") + 2:].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    found: dict[int, str] = {}
+    frontier = [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, ppid in parents.items():
+            if ppid == parent and child not in found:
+                try:
+                    found[child] = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                except OSError:
+                    found[child] = "?"
+                frontier.append(child)
+    return found
+
+
+def _still_running(pids: dict[int, str]) -> list[str]:
+    """What ``ps`` still lists of ``pids`` (zombies left out: they are only waiting to be reaped)."""
+    if not pids:
+        return []
+    out = subprocess.run(["ps", "-o", "pid=,stat=,args=", "-p", ",".join(map(str, pids))], capture_output=True,
+                         text=True).stdout
+    return [line.strip() for line in out.splitlines() if line.split()[1:2] and not line.split()[1].startswith("Z")]
+
+
+def _interrupt_when(cmd: list[str], env: dict[str, str], ready: Callable[[dict[int, str]], bool],
+                    ) -> tuple[subprocess.CompletedProcess[str], dict[int, str]]:
+    """Run ``cmd`` in a session of its own, send its process group SIGINT (what Ctrl-C in a terminal does) once
+    ``ready(descendants)`` holds, and wait for it to exit; returns its outcome and every process it had started."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    seen: dict[int, str] = {}
     try:
-        waited = 0
-        while max(_checkpoint_versions(checkpoints), default=0) < 1 and proc.poll() is None and waited < 2400:
-            time.sleep(0.5)
-            waited += 1
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=180)
+        for _ in range(4800):
+            seen.update(_descendants(proc.pid))
+            if proc.poll() is not None or ready(seen):
+                break
+            time.sleep(0.25)
+        assert proc.poll() is None, f"exited before the interrupt: {proc.communicate()[1][-3000:]}"
+        seen.update(_descendants(proc.pid))
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
     finally:
         try:  # whatever went wrong, no process of that stack outlives the test
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    assert proc.returncode == 0, err[-3000:]
-    summary = json.loads(out.splitlines()[-1])
-    assert summary["interrupted"] is True
+        for pid in _descendants(proc.pid) | seen:
+            try:
+                os.kill(pid, signal.SIGKILL) if proc.returncode is None else None
+            except ProcessLookupError:
+                pass
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), seen
+
+
+def _role(seen: dict[int, str], *names: str) -> bool:
+    return all(any(name in cmd for cmd in seen.values()) for name in names)
+
+
+@pytest.mark.timeout(1800)
+def test_ctrl_c_during_fit_stops_cleanly_and_a_rerun_resumes_from_the_checkpoints(tmp_path: Path) -> None:
+    env = {**os.environ, "LITSTREAM_DATA_DIR": str(tmp_path / "data"), "OMP_NUM_THREADS": "1"}
+    checkpoints = tmp_path / "data" / "train" / "checkpoints"
+    done, seen = _interrupt_when(_train_cmd("--train", "examples/data/copy_train.jsonl", "--passes", "5"), env,
+                                 lambda _: max(_checkpoint_versions(checkpoints), default=0) >= 1)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Aborted" not in done.stderr
+    summary = json.loads(done.stdout.splitlines()[-1])
+    assert summary["interrupted"] is True and summary["stopped"] == "stopped by the user"
     assert set(summary) >= {"versions", "train_reward_by_version", "val_reward_by_version", "rollouts", "failed"}
+    assert _role(seen, "kafka.Kafka", "process lifecycle", "process span-sink", "process triplets",
+                 "process trainer", "runner")
+    assert _still_running(seen) == []  # broker, pipeline, trainer, policy server, runners: all stopped
     reached = max(_checkpoint_versions(checkpoints))
     assert reached >= 1
 
     small = tmp_path / "small.jsonl"
     small.write_text('{"letter": "a", "count": 1}\n')
-    again = subprocess.run(_train_cmd("--train", str(small), "--resume"), env=env, capture_output=True,
-                           text=True, timeout=900)
+    again = subprocess.run(_train_cmd("--train", str(small), "--resume", "--passes", "1"), env=env,
+                           capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
     resumed = json.loads(again.stdout.splitlines()[-1])
     assert min(int(v) for v in resumed["train_reward_by_version"]) >= reached  # went on, not from v0
     assert resumed["rollouts"] == 2
+
+
+@pytest.mark.timeout(900)
+def test_ctrl_c_while_the_stack_starts_stops_every_process_it_started_and_prints_the_summary(
+        tmp_path: Path) -> None:
+    env = {**os.environ, "LITSTREAM_DATA_DIR": str(tmp_path / "data"), "OMP_NUM_THREADS": "1"}
+    done, seen = _interrupt_when(_train_cmd("--train", "examples/data/copy_train.jsonl"), env,
+                                 lambda s: _role(s, "kafka.Kafka", "process lifecycle"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Aborted" not in done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["interrupted"] is True
+    assert "interrupted (Ctrl-C): stopped cleanly" in done.stderr
+    assert _still_running(seen) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_ctrl_c_during_the_demo_prints_its_summary_and_leaves_no_process(tmp_path: Path) -> None:
+    """The demo is one use of Trainer.fit; this runs it with its trainer and runner up (~1-3 min on 2 cores)."""
+    env = {**os.environ, "LITSTREAM_DATA_DIR": str(tmp_path / "data"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "litstream.app.cli", "demo", "--steps", "50", "--minutes", "5", "--concurrency",
+           "8", "--json"]
+    done, seen = _interrupt_when(cmd, env, lambda s: _role(s, "runner", "process trainer"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Aborted" not in done.stderr
+    summary = json.loads(done.stdout.splitlines()[-1])
+    assert summary["interrupted"] is True
+    assert "interrupted: stopped by Ctrl-C" in done.stderr
+    assert _role(seen, "kafka.Kafka", "process lifecycle", "process span-sink", "process triplets")
+    assert _still_running(seen) == []
 
 
 @pytest.mark.timeout(900)
@@ -229,7 +318,7 @@ def test_a_two_call_agent_gives_its_triplets_in_call_order(tmp_path: Path) -> No
                            for m in read_to_end(settings, f"{settings.topic_prefix}.triplets")]
             time.sleep(0.5)
 
-    algorithm = GRPO(group_size=2, groups_per_step=len(TASKS), max_versions=1, window_seconds=None)
+    algorithm = GRPO(group_size=2, groups_per_step=len(TASKS), passes=1, max_versions=1, window_seconds=None)
     summary = Trainer(algorithm=algorithm, n_runners=1, settings=_settings(tmp_path), quiet=True,
                       on_finish=read_triplets).fit("tests.fit_agents:two_turn_agent", TASKS)
     assert summary.rollouts == len(TASKS) * 2 and summary.failed == 0
@@ -300,7 +389,7 @@ def test_the_openai_example_agent_learns_with_validation(tmp_path: Path) -> None
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_the_openai_example_agent_runs_with_smollm2(tmp_path: Path) -> None:
-    algorithm = GRPO(model="smollm2", group_size=2, groups_per_step=2, max_versions=1, val_every=1)
+    algorithm = GRPO(model="smollm2", group_size=2, groups_per_step=2, passes=1, max_versions=1, val_every=1)
     summary = Trainer(algorithm=algorithm, n_runners=1, settings=_settings(tmp_path), quiet=True).fit(
         "tests.fit_agents:copy_agent", TASKS[:2], VAL_TASKS[:1])
     assert summary.failed == 0 and 0 in summary.val_reward_by_version

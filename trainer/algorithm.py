@@ -25,6 +25,19 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from litstream.schemas.models import NamedResources, PromptTemplate
+from litstream.schemas.policy import parse_policy_version, policy_resources_id
+
+from .defaults import check_lr, defaults_for
+from .signals import (
+    ValEstimate,
+    WindowSignal,
+    best_version,
+    missing_signal,
+    plateaued,
+    val_estimate,
+    val_warning,
+    window_signal,
+)
 
 TRAIN, VAL = "train", "val"
 
@@ -83,7 +96,10 @@ class Driver(Protocol):
         """True once the user asked to stop (Ctrl-C): finish quickly, nothing more to submit."""
 
     def show(self, message: str) -> None:
-        """A progress line for the user."""
+        """A progress line for the user (may be thinned out)."""
+
+    def notice(self, message: str) -> None:
+        """A line the user must see: a warning, a verdict."""
 
 
 def run_all(driver: Driver, tasks: Sequence[Any], mode: str, resources_id: str | None = None,
@@ -185,20 +201,31 @@ class Baseline(Algorithm):
 
 @dataclass
 class GRPO(Algorithm):
-    """Today's GRPO trainer, driven by a dataset: ``group_size`` copies of each task per pass (grouped by the
-    task's data id), at most ``in_flight`` rollouts unfinished, validation on version 0 and every ``val_every``
-    versions, and once more on the last version."""
+    """The GRPO trainer, driven by a dataset: ``group_size`` copies of each task (grouped by the task's data id),
+    one training window of groups per published version, validation on version 0, every ``val_every`` versions
+    and on the last version; the best validated version is published at the end.
+
+    Settings left ``None`` come from the model's defaults (``litstream.trainer.defaults``). With none of
+    ``passes``, ``minutes`` and ``max_versions`` given, the run goes over the training set again and again until
+    the model's first-run budget; whatever the bounds, it stops once ``patience`` validations in a row did not
+    beat the best one (early stop)."""
 
     model: str = "tiny"
-    group_size: int = 4
-    groups_per_step: int = 8
-    passes: int = 1  # passes over the training set
+    group_size: int | None = None
+    groups_per_step: int | None = None
+    passes: int | None = None  # passes over the training set (None: as many as the budget allows)
     val_every: int = 5
+    val_samples: int = 1  # rollouts per validation task (their mean is the task's score)
+    patience: int | None = 4  # stop after this many validations without a new best (None: never)
     in_flight: int | None = None  # default: two training windows
     max_staleness: int = 2
-    lr: float = 1e-3
-    ppo_epochs: int = 1
-    entropy_coef: float = 0.0
+    lr: float | None = None
+    ppo_epochs: int | None = None
+    entropy_coef: float | None = None
+    entropy_fade: bool = True  # the entropy bonus fades as the window's mean reward nears 1 (LearnerConfig)
+    lr_schedule: str = "constant"  # constant | cosine | linear, over max_versions (LearnerConfig)
+    temperature: float | None = None  # published with each version; agents that read sampling_parameters use it
+    max_tokens: int | None = None  # published with each version, as temperature
     window_seconds: float | None = 20.0  # a short dataset still trains: a window also closes after this long
     max_versions: int | None = None  # stop after this many training steps (the trainer stops there too)
     minutes: float | None = None  # stop submitting after this long; the rollouts in flight still finish
@@ -212,6 +239,8 @@ class GRPO(Algorithm):
     # toy task measured as far slower learning (docs/training.md).
     waves: bool = True
     stall_seconds: float = 15.0  # waves: how long nothing outstanding and no new version counts as a stall
+    signal_windows: int = 5  # this many windows in a row without signal: say so (signals.missing_signal)
+    publish_best: bool = True  # at the end, publish the best validated version again (runners default to it)
     seed: int = 0
     name: str = "grpo"
     trains_policy = True
@@ -219,28 +248,84 @@ class GRPO(Algorithm):
 
     def __post_init__(self) -> None:
         super().__init__()
+        d = defaults_for(self.model)
+        self.defaults = d
+        for name, value in (("group_size", d.group_size), ("groups_per_step", d.groups_per_step), ("lr", d.lr),
+                            ("ppo_epochs", d.epochs), ("entropy_coef", d.entropy_coef),
+                            ("temperature", d.temperature), ("max_tokens", d.max_tokens)):
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+        verdict = check_lr(self.model, float(self.lr or 0.0))
+        if verdict is not None and verdict[0] == "refuse":
+            raise ValueError(verdict[1])
+        self.warnings: list[str] = [verdict[1]] if verdict is not None else []
+        self.first_run_budget = self.passes is None and self.minutes is None and self.max_versions is None
+        if self.first_run_budget:
+            self.minutes, self.max_versions = d.minutes, d.max_versions
         self.tag = uuid.uuid4().hex[:8]  # group ids of this run, distinct from any earlier run on the same topic
         self._idle_since: float | None = None  # waves: since when nothing was outstanding without a new version
+        self.signals: list[WindowSignal] = []  # one per training window (the groups of one policy version)
+        self.val_estimates: dict[int, ValEstimate] = {}
+        self.no_signal: str | None = None
+        self.stopped: str | None = None  # why the run ended (budget, early stop, the user)
+        self.best: dict[str, Any] | None = None
+        self._groups: dict[int, dict[str, list[float]]] = {}  # window -> group -> rewards
+        self._group_of: dict[str, tuple[int, str]] = {}  # training rollout -> (window, group)
+        self._expected: dict[int, int] = {}  # window -> training rollouts submitted (a window is all of them)
+        self._window_version: dict[int, int] = {}  # window -> the version its rollouts are pinned to
+        self._val_of: dict[str, int] = {}  # validation rollout -> version
+        self.val_ids: set[str] = set()  # every validation rollout of the run
+        self._val_rewards: dict[int, dict[str, list[float]]] = {}  # version -> task -> rewards
+        self._val_pending: dict[int, int] = {}  # version -> validation rollouts not back yet
+        self._warned_val = False
+        self._last_rollout: str | None = None
+
+    # --- what the run is ------------------------------------------------------------------------------------
+
+    def budget_text(self) -> str:
+        bounds = [f"{self.passes} pass(es)" if self.passes else "",
+                  f"{self.minutes:g} minutes" if self.minutes else "",
+                  f"{self.max_versions} versions" if self.max_versions else ""]
+        text = " or ".join(b for b in bounds if b) or "one pass"
+        if self.first_run_budget:
+            text += f" (the first-run budget of {self.model})"
+        if self.patience:
+            text += f", or {self.patience} validations without a new best"
+        return text
+
+    def settings_text(self) -> str:
+        return (f"{self.model}: lr {self.lr:g} ({self.lr_schedule}), {self.group_size} rollouts per group, "
+                f"{self.groups_per_step} groups per step, {self.ppo_epochs} optimizer step(s) per window, "
+                f"temperature {self.temperature:g}, {self.max_tokens} response tokens, entropy bonus "
+                f"{self.entropy_coef:g}{' (fading with the reward)' if self.entropy_fade and self.entropy_coef else ''}"
+                f"; until {self.budget_text()}")
 
     def trainer_args(self) -> list[str]:
         return ["process", "trainer", "--policy", self.model, "--group-size", str(self.group_size),
                 "--groups-per-step", str(self.groups_per_step), "--max-staleness", str(self.max_staleness),
                 "--lr", str(self.lr), "--epochs", str(self.ppo_epochs), "--entropy-coef", str(self.entropy_coef),
-                "--seed", str(self.seed),
+                "--seed", str(self.seed), "--temperature", str(self.temperature), "--max-tokens",
+                str(self.max_tokens), "--lr-schedule", self.lr_schedule,
+                *(["--entropy-fade"] if self.entropy_fade else []),
+                *(["--keep-every", str(self.val_every)] if self.val_every else []),
                 *(["--window-seconds", str(self.window_seconds)] if self.window_seconds else []),
                 *(["--max-steps", str(self.max_versions)] if self.max_versions else [])]
 
     def prepare(self, driver: Driver) -> None:
+        for w in self.warnings:
+            _notice(driver, f"warning: {w}")
         driver.start_service("trainer", *self.trainer_args())
+
+    # --- the run --------------------------------------------------------------------------------------------
 
     def run(self, driver: Driver, train: Sequence[Any], val: Sequence[Any] | None) -> None:
         policy = wait_for_policy(driver, lambda p: p.version >= 0, 600.0)
         if val:
-            driver.show(f"v{policy.version}: validation reward {self.validate(driver, val, policy) or 0:.3f}")
-        queue = [(p, i, task) for p in range(self.passes) for i, task in enumerate(train)]
-        in_flight = self.in_flight or 2 * self.group_size * self.groups_per_step
+            self._validate_now(driver, val, policy)
+        queue = _TaskQueue(train, self.passes)
+        size = int(self.group_size or 1)
+        in_flight = self.in_flight or 2 * size * int(self.groups_per_step or 1)
         next_val = self.val_every
-        pending_val: dict[str, int] = {}
         deadline = time.monotonic() + self.minutes * 60 if self.minutes else None
         settle: float | None = None
         waves_sent = policy.version  # waves start from the version the run begins with
@@ -252,24 +337,91 @@ class GRPO(Algorithm):
                 settle = settle or time.monotonic() + self.settle_seconds
                 if time.monotonic() > settle:
                     break
-            if val and self.val_every and policy.version >= next_val:
-                ids = driver.submit(val, mode=VAL, resources_id=policy.resources_id, metadata=_val_metadata(val))
-                pending_val.update(dict.fromkeys(ids, policy.version))
+            if val and self.val_every and policy.version >= next_val and queue:
+                self._submit_val(driver, val, policy.version // self.val_every * self.val_every, policy)
                 next_val = (policy.version // self.val_every + 1) * self.val_every
             if self.waves:
                 waves_sent = self._submit_waves(driver, queue, policy, waves_sent)
-            while not self.waves and queue and driver.outstanding() + self.group_size <= max(in_flight,
-                                                                                            self.group_size):
+            while not self.waves and queue and driver.outstanding() + size <= max(in_flight, size):
                 self._submit_groups(driver, queue, 1, policy.resources_id if self.pin_versions else None)
             for r in driver.poll():
-                self.history.add(r, pending_val.pop(r.rollout_id, None))
-            driver.show(self._progress(policy, len(queue)))
+                self._take(driver, r)
+            if queue and self.patience and plateaued(self.val_estimates, self.patience):
+                best = best_version(self.val_estimates)
+                self.stopped = (f"validation stopped improving: {self.patience} validations without beating "
+                                f"v{best} ({self.val_estimates[best].text()})" if best is not None else "")
+                _notice(driver, f"early stop: {self.stopped}")
+                queue.clear()
+            driver.show(self._progress(driver, policy, queue))
         if driver.outstanding():
             self.history.statuses["unfinished"] = driver.outstanding()
+        if driver.stopping():
+            self.stopped = "stopped by the user"
+        elif self.stopped is None:
+            self.stopped = f"budget reached ({self.budget_text()})"
         self._finish(driver, val)
+        self._publish_best(driver)
 
-    def _submit_waves(self, driver: Driver, queue: list[tuple[int, int, Any]], policy: Policy,
-                      waves_sent: int) -> int:
+    def _take(self, driver: Driver, r: RolloutResult) -> None:
+        """One finished rollout: into the history, its group (a window's signal), or its validation."""
+        version = self._val_of.pop(r.rollout_id, None)
+        self.history.add(r, version)
+        self._last_rollout = r.rollout_id
+        if version is not None:
+            self._val_rewards.setdefault(version, {}).setdefault(r.data_id or "", []).append(r.reward or 0.0)
+            self._val_pending[version] -= 1
+            if self._val_pending[version] == 0:
+                self._val_done(driver, version)
+            return
+        where = self._group_of.pop(r.rollout_id, None)
+        if where is None:
+            return
+        key, group = where
+        groups = self._groups.setdefault(key, {})
+        groups.setdefault(group, []).append(r.reward or 0.0)
+        if sum(len(rs) for rs in groups.values()) == self._expected.get(key):
+            self.signals.append(window_signal(self._window_version.get(key, -1),
+                                              list(self._groups.pop(key).values())))
+            message = missing_signal(self.signals, self.signal_windows, self._last_rollout)
+            if message and self.no_signal is None:
+                self.no_signal = message
+                _notice(driver, message)
+
+    def _validate_now(self, driver: Driver, val: Sequence[Any], policy: Policy) -> None:
+        """Validate ``policy`` and wait for it (version 0, the last version)."""
+        self._submit_val(driver, val, policy.version, policy)
+        while self._val_pending.get(policy.version) and not driver.stopping():
+            for r in driver.poll():
+                self._take(driver, r)
+
+    def _submit_val(self, driver: Driver, val: Sequence[Any], version: int, latest: Policy) -> None:
+        if version in self._val_pending:
+            return
+        rid = policy_resources_id(version)
+        if version != latest.version and not driver.resources(rid):
+            version, rid = latest.version, latest.resources_id
+        tasks = [t for t in val for _ in range(self.val_samples)]
+        meta = [{"group_id": f"val-{uuid.uuid4().hex}", "data_id": str(i)}
+                for i in range(len(val)) for _ in range(self.val_samples)]
+        ids = driver.submit(tasks, mode=VAL, resources_id=rid, metadata=meta)
+        self._val_of.update(dict.fromkeys(ids, version))
+        self.val_ids.update(ids)
+        self._val_pending[version] = len(ids)
+
+    def _val_done(self, driver: Driver, version: int) -> None:
+        est = val_estimate(self._val_rewards.get(version, {}))
+        if est is None:
+            return
+        self.val_estimates[version] = est
+        best = best_version(self.val_estimates)
+        driver.show(f"v{version}: validation reward {est.text()}" + (" (best so far)" if best == version else ""))
+        warning = val_warning(est)
+        if warning and not self._warned_val:
+            self._warned_val = True
+            self.warnings.append(warning)
+            _notice(driver, f"warning: {warning}")
+
+    def _submit_waves(self, driver: Driver, queue: _TaskQueue, policy: Policy, waves_sent: int) -> int:
         """One window of groups per published version, two ahead; returns the waves sent so far. If nothing is
         outstanding and no new version came for ``stall_seconds`` (failed rollouts left a window that cannot
         fill, or the trainer's window is larger than a wave), one more wave goes out on the current version."""
@@ -280,32 +432,49 @@ class GRPO(Algorithm):
             self._idle_since = now
         stalled = self._idle_since is not None and now - self._idle_since > self.stall_seconds
         while queue and (waves_sent < policy.version + 2 or stalled):
-            self._submit_groups(driver, queue, self.groups_per_step, policy.resources_id)
+            self._submit_groups(driver, queue, int(self.groups_per_step or 1), policy.resources_id,
+                                window=waves_sent)
             waves_sent += 1
             stalled, self._idle_since = False, None
         return waves_sent
 
-    def _submit_groups(self, driver: Driver, queue: list[tuple[int, int, Any]], groups: int,
-                       resources_id: str | None) -> None:
-        """``groups`` tasks from the queue, ``group_size`` rollouts each, grouped by the task's data id."""
-        for _ in range(min(groups, len(queue))):
-            p, i, task = queue.pop(0)
-            meta = {"group_id": f"{self.tag}-p{p}-d{i}", "data_id": str(i), "pass": p}
-            driver.submit([task] * self.group_size, mode=TRAIN, resources_id=resources_id,
-                          metadata=[meta] * self.group_size)
+    def _submit_groups(self, driver: Driver, queue: _TaskQueue, groups: int, resources_id: str | None,
+                       window: int | None = None) -> None:
+        """``groups`` tasks from the queue, ``group_size`` rollouts each, grouped by the task's data id. Their
+        results make up one window's signal: ``window`` (a wave), else the version they are pinned to."""
+        size = int(self.group_size or 1)
+        version = parse_policy_version(resources_id)
+        key = window if window is not None else (version if version is not None else -1)
+        self._window_version[key] = version if version is not None else -1
+        for _ in range(groups):
+            if not queue:
+                break
+            p, i, task = queue.pop()
+            group_id = f"{self.tag}-p{p}-d{i}"
+            meta = {"group_id": group_id, "data_id": str(i), "pass": p}
+            ids = driver.submit([task] * size, mode=TRAIN, resources_id=resources_id, metadata=[meta] * size)
+            for rid in ids:
+                self._group_of[rid] = (key, group_id)
+            self._expected[key] = self._expected.get(key, 0) + len(ids)
 
     def _budget_spent(self, driver: Driver, deadline: float | None) -> bool:
         trained = int(driver.service_info("trainer").get("version", 0))
         return ((self.max_versions is not None and trained >= self.max_versions)
                 or (deadline is not None and time.monotonic() > deadline))
 
-    def _progress(self, policy: Policy, queued: int) -> str:
+    def _progress(self, driver: Driver, policy: Policy, queue: _TaskQueue) -> str:
         train = History.means(self.history.train)
-        val = History.means(self.history.val)
         last_train = f"{train[max(train)]:.3f}" if train else "-"
-        last_val = f"{val[max(val)]:.3f} (v{max(val)})" if val else "-"
-        return (f"policy v{policy.version}: train reward {last_train}, validation {last_val}; "
-                f"{self.history.rollouts} rollouts done, {queued} groups queued")
+        last_val = "-"
+        if self.val_estimates:
+            v = max(self.val_estimates)
+            last_val = f"{self.val_estimates[v].text()} (v{v})"
+        window = f"; window v{self.signals[-1].version}: {self.signals[-1].text()}" if self.signals else ""
+        info = driver.service_info("trainer")
+        # versions between the policy that made the last window's samples and the step that took them
+        staleness = f"; staleness {float(info.get('lag', 0.0)):.1f} versions" if info else ""
+        return (f"policy v{policy.version}: train reward {last_train}, validation {last_val}{window}{staleness}; "
+                f"{self.history.rollouts} rollouts done, {queue.remaining_text()} tasks queued")
 
     def _finish(self, driver: Driver, val: Sequence[Any] | None) -> None:
         """Let the trainer take its last window, then validate the version it ends on."""
@@ -320,8 +489,69 @@ class GRPO(Algorithm):
             time.sleep(0.5)
         trained = int(driver.service_info("trainer").get("version", 0))
         policy = wait_for_policy(driver, lambda p: p.version >= trained, 60.0)
-        if val and policy.version not in self.history.val:
-            driver.show(f"v{policy.version}: validation reward {self.validate(driver, val, policy) or 0:.3f}")
+        if val and policy.version not in self.val_estimates:
+            self._validate_now(driver, val, policy)
+
+    def _publish_best(self, driver: Driver) -> None:
+        """Publish the best validated version again, under its own id: the newest resources, so runners (and a
+        policy server following the topic) take it; the summary names the id and the checkpoint."""
+        best = best_version(self.val_estimates)
+        if best is None or not self.publish_best:
+            return
+        resources = driver.resources(policy_resources_id(best))
+        checkpoint = next((str(getattr(r, "checkpoint", "") or "") for r in resources.values()
+                           if getattr(r, "checkpoint", None)), None)
+        self.best = {"version": best, "validation": self.val_estimates[best].mean,
+                     "validation_se": self.val_estimates[best].se, "checkpoint": checkpoint, "resources_id": None}
+        if resources and not driver.stopping():
+            rid = driver.publish(resources, f"best-{self.tag}-{policy_resources_id(best)}")
+            self.best["resources_id"] = rid
+            _notice(driver, f"best validated version v{best} ({self.val_estimates[best].text()}) published as "
+                            f"{rid}" + (f"; checkpoint {checkpoint}" if checkpoint else ""))
+
+    def report(self) -> dict[str, Any]:
+        return {"best": self.best, "stopped": self.stopped, "no_signal": self.no_signal,
+                "warnings": list(self.warnings), "settings": self.settings_text(),
+                "validation": {str(v): {"mean": round(e.mean, 4), "se": round(e.se, 4) if e.se != float("inf")
+                                        else None, "tasks": e.tasks, "samples": e.samples}
+                               for v, e in sorted(self.val_estimates.items())},
+                "windows": [{"version": w.version, "groups": w.groups, "flat": w.flat,
+                             "spread": round(w.spread, 4), "reward": round(w.reward_mean, 4)} for w in self.signals]}
+
+
+class _TaskQueue:
+    """The training tasks, ``passes`` times over (None: for ever), as (pass, index, task)."""
+
+    def __init__(self, tasks: Sequence[Any], passes: int | None) -> None:
+        self.tasks, self.passes = list(tasks), passes
+        self.next = 0  # position over all passes
+        self.cleared = False
+
+    def _total(self) -> float:
+        return float("inf") if self.passes is None else self.passes * len(self.tasks)
+
+    def __bool__(self) -> bool:
+        return not self.cleared and bool(self.tasks) and self.next < self._total()
+
+    def pop(self) -> tuple[int, int, Any]:
+        p, i = divmod(self.next, len(self.tasks))
+        self.next += 1
+        return p, i, self.tasks[i]
+
+    def clear(self) -> None:
+        self.cleared = True
+
+    def remaining_text(self) -> str:
+        if not self:
+            return "0"
+        total = self._total()
+        return "until the budget:" if total == float("inf") else str(int(total) - self.next)
+
+
+def _notice(driver: Driver, message: str) -> None:
+    """A line the user must see (not thinned out like progress)."""
+    notice = getattr(driver, "notice", None)
+    (notice or driver.show)(message)
 
 
 def _val_metadata(tasks: Sequence[Any]) -> list[dict[str, Any]]:

@@ -63,7 +63,7 @@ def latest_checkpoint(root: str | Path) -> Path | None:
 
 def save_checkpoint(root: str | Path, model: Any, tokenizer: Tokenizer, version: int, step: int = 0,
                     optimizer: torch.optim.Optimizer | None = None, extra: dict[str, Any] | None = None,
-                    keep_last: int | None = 3) -> Path:
+                    keep_last: int | None = 3, keep_every: int | None = None) -> Path:
     from safetensors.torch import save_file
 
     root = Path(root)
@@ -92,17 +92,23 @@ def save_checkpoint(root: str | Path, model: Any, tokenizer: Tokenizer, version:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if keep_last is not None:
-        prune(root, keep_last)
+        prune(root, keep_last, keep_every)
     return final
 
 
-def prune(root: str | Path, keep_last: int) -> list[Path]:
-    """Removes all but the newest ``keep_last`` checkpoints; returns what it removed."""
+def prune(root: str | Path, keep_last: int, keep_every: int | None = None) -> list[Path]:
+    """Removes all but the newest ``keep_last`` checkpoints, except that versions divisible by ``keep_every``
+    (the ones validation reads) keep their weights (their optimizer state goes); returns what it removed."""
     found = list_checkpoints(root)
-    doomed = [p for _, p in found[: max(0, len(found) - max(1, keep_last))]]
-    for p in doomed:
+    doomed = [(v, p) for v, p in found[: max(0, len(found) - max(1, keep_last))]]
+    removed = []
+    for v, p in doomed:
+        if keep_every and v % keep_every == 0:
+            (p / OPTIMIZER).unlink(missing_ok=True)
+            continue
         shutil.rmtree(p, ignore_errors=True)
-    return doomed
+        removed.append(p)
+    return removed
 
 
 def checkpoint_meta(path: str | Path) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ import torch
 
 from .checkpoint import load_checkpoint, save_checkpoint
 from .grpo import LossConfig, LossStats, group_advantages, grpo_loss, pack, response_logprobs
+from .signals import lr_factor
 from .tokenizer import Tokenizer
 from .windows import Group, Sample
 
@@ -31,6 +32,20 @@ class LearnerConfig:
     # engine's log-probs keeps the later passes near the policy that sampled them.
     epochs: int = 1
     loss: LossConfig = field(default_factory=LossConfig)
+    # Learning-rate schedule over optimizer steps (windows): linear warm-up, then constant, or a cosine / linear
+    # decay to ``min_lr_ratio`` of ``lr`` at ``total_steps``.
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    total_steps: int | None = None
+    min_lr_ratio: float = 0.1
+    # The entropy bonus fades as the window's mean reward (clamped to [0, 1]) nears 1: full while nothing is
+    # solved, when exploring is what finds the answer; nearly none once most answers are right, when a bonus that
+    # no reward opposes would only push the policy off them.
+    entropy_fade: bool = False
+    # The step's learning rate times the share of the window's groups whose rewards differ (the rest carry no
+    # policy gradient): Adam's step has the same size whatever the gradient's, so without this a window of
+    # mostly solved groups moves the policy as far as one full of signal.
+    lr_by_signal: bool = False
 
 
 @dataclass
@@ -49,6 +64,8 @@ class StepStats:
     grad_norm: float
     reward_mean: float
     adv_abs_mean: float
+    lr: float  # the learning rate of this step (after the schedule)
+    entropy_coef: float  # the entropy bonus of this step (after the fade)
     zero_adv_groups: int  # groups whose members all scored the same: no signal
     version_lag: float  # mean (version before the step - sample's policy version), versioned samples only
     seconds: float
@@ -85,16 +102,27 @@ class GrpoLearner:
         rewards = [s.reward for s in samples]
         advs = group_advantages(rewards, gids, eps=self.cfg.adv_eps, unbiased=self.cfg.unbiased_std)
         total_tokens = sum(len(s.response_token_ids) for s in samples)
+        by_group: dict[str, list[float]] = {}
+        for s, g in zip(samples, gids):
+            by_group.setdefault(g, []).append(s.reward)
+        flat = sum(1 for rs in by_group.values() if max(rs) == min(rs))
+        lr = self.cfg.lr * lr_factor(self.step_count, self.cfg.lr_schedule, self.cfg.total_steps,
+                                     self.cfg.warmup_steps, self.cfg.min_lr_ratio)
+        if self.cfg.lr_by_signal:
+            lr *= 1.0 - flat / len(by_group)
+        for pg in self.optimizer.param_groups:
+            pg["lr"] = lr
+        loss_cfg = self.cfg.loss
+        if self.cfg.entropy_fade and loss_cfg.entropy_coef:
+            solved = min(1.0, max(0.0, sum(rewards) / len(rewards)))
+            loss_cfg = replace(loss_cfg, entropy_coef=loss_cfg.entropy_coef * (1.0 - solved))
         self.model.train()
         batches = self._micro_batches(samples)
         prox = self._proximal_logprobs(samples, batches) if self.cfg.loss.decoupled else None
         for _ in range(max(self.cfg.epochs, 1)):
-            agg, loss_sum, grad_norm = self._update(samples, advs, batches, total_tokens, prox)
+            agg, loss_sum, grad_norm = self._update(samples, advs, batches, total_tokens, prox, loss_cfg)
         self.model.eval()
         lags = [self.version - s.policy_version for s in samples if s.policy_version is not None]
-        by_group: dict[str, list[float]] = {}
-        for s, g in zip(samples, gids):
-            by_group.setdefault(g, []).append(s.reward)
         self.version += 1
         self.step_count += 1
         n = max(agg.tokens, 1.0)
@@ -103,7 +131,8 @@ class GrpoLearner:
             tokens=total_tokens, micro_batches=len(batches), loss=loss_sum, clip_frac=agg.clipped / n,
             kl=agg.kl / n, ratio_mean=agg.ratio / n, entropy=agg.entropy / n, grad_norm=grad_norm,
             reward_mean=sum(rewards) / len(rewards), adv_abs_mean=sum(abs(a) for a in advs) / len(advs),
-            zero_adv_groups=sum(1 for rs in by_group.values() if max(rs) == min(rs)),
+            lr=lr, entropy_coef=loss_cfg.entropy_coef,
+            zero_adv_groups=flat,
             version_lag=sum(lags) / len(lags) if lags else 0.0, seconds=time.perf_counter() - t0)
 
     @torch.no_grad()
@@ -117,14 +146,15 @@ class GrpoLearner:
         return out
 
     def _update(self, samples: list[Sample], advs: list[float], batches: list[list[int]], total_tokens: int,
-                prox: list[torch.Tensor] | None = None) -> tuple[LossStats, float, float]:
+                prox: list[torch.Tensor] | None = None, loss_cfg: LossConfig | None = None,
+                ) -> tuple[LossStats, float, float]:
         """One optimizer step over every micro-batch: the stats, the summed loss and the gradient norm."""
         self.optimizer.zero_grad(set_to_none=True)
         agg = LossStats(0, 0, 0, 0, 0)
         loss_sum = 0.0
         for k, idx in enumerate(batches):
             loss, st = self._micro_step([samples[i] for i in idx], [advs[i] for i in idx], total_tokens,
-                                        prox[k] if prox is not None else None)
+                                        prox[k] if prox is not None else None, loss_cfg or self.cfg.loss)
             loss.backward()
             loss_sum += float(loss.item())
             for name in ("tokens", "clipped", "ratio", "kl", "entropy"):
@@ -139,7 +169,9 @@ class GrpoLearner:
         return agg, loss_sum, grad_norm
 
     def _micro_step(self, samples: list[Sample], advs: list[float], normalizer: int,
-                    prox: torch.Tensor | None = None) -> tuple[torch.Tensor, LossStats]:
+                    prox: torch.Tensor | None = None, loss_cfg: LossConfig | None = None,
+                    ) -> tuple[torch.Tensor, LossStats]:
+        loss_cfg = loss_cfg or self.cfg.loss
         batch = pack([s.prompt_token_ids for s in samples], [s.response_token_ids for s in samples],
                      self.tokenizer.pad_id)
         logp, entropy = response_logprobs(self.model, batch, with_entropy=self.cfg.with_entropy)
@@ -154,9 +186,9 @@ class GrpoLearner:
         if self.ref_model is not None:
             with torch.no_grad():
                 ref, _ = response_logprobs(self.ref_model, batch)
-        if entropy is not None and not self.cfg.loss.entropy_coef:
+        if entropy is not None and not loss_cfg.entropy_coef:
             entropy = entropy.detach()
-        return grpo_loss(logp, old, torch.tensor(advs, dtype=logp.dtype), batch.response_mask, self.cfg.loss,
+        return grpo_loss(logp, old, torch.tensor(advs, dtype=logp.dtype), batch.response_mask, loss_cfg,
                          ref_logp=ref, entropy=entropy, normalizer=float(max(normalizer, 1)), prox_logp=prox)
 
     def _micro_batches(self, samples: list[Sample]) -> list[list[int]]:
@@ -176,9 +208,10 @@ class GrpoLearner:
 
     # --- persistence -------------------------------------------------------------------------------------
 
-    def save(self, root: str | Path, keep_last: int | None = 3, extra: dict[str, Any] | None = None) -> Path:
+    def save(self, root: str | Path, keep_last: int | None = 3, extra: dict[str, Any] | None = None,
+             keep_every: int | None = None) -> Path:
         return save_checkpoint(root, self.model, self.tokenizer, self.version, step=self.step_count,
-                               optimizer=self.optimizer, extra=extra, keep_last=keep_last)
+                               optimizer=self.optimizer, extra=extra, keep_last=keep_last, keep_every=keep_every)
 
     @classmethod
     def resume(cls, path: str | Path, cfg: LearnerConfig | None = None, ref_model: Any | None = None,

