@@ -25,7 +25,7 @@ from litstream.infra.kafka import read_to_end
 from litstream.infra.settings import Settings
 from litstream.schemas.policy import parse_policy_version
 from litstream.trainer import toy_task
-from litstream.trainer.algorithm import GRPO
+from litstream.trainer.algorithm import GRPO, History
 
 from .demo import spans_emitted_and_stored
 from .trainer import Trainer
@@ -36,8 +36,9 @@ AGENT = "litstream.workers.policy_agent:toy_policy_agent"
 @dataclass
 class LoopDemoConfig:
     model: str = "tiny"  # tiny | smollm2
-    steps: int = 150  # policy versions to train (the time budget ends the default run first)
-    minutes: float = 5.0  # time budget for training
+    steps: int = 150  # policy versions to train at most
+    # A time cap: the run usually ends before, when validation stops improving (the cap is for a loaded machine)
+    minutes: float = 15.0
     # One runner process with many slots: its policy engine samples concurrent calls as one batch, and on
     # 2 cores a second process only adds a second copy of the model competing for them.
     runners: int = 1
@@ -109,6 +110,9 @@ def run_closed_loop(settings: Settings, cfg: LoopDemoConfig, quiet: bool = False
                       on_finish=lambda s: outcome.update(_outcome(s, algorithm.history.rollouts)))
     summary = trainer.fit(AGENT, tasks, val if cfg.val_samples else None)
     by_version, counts = train_reward_by_version(outcome.get("rows", []), algorithm.val_ids)
+    if not by_version:  # interrupted: nothing read back from ClickHouse; the driver saw the rewards too
+        by_version = History.means(algorithm.history.train)
+        counts = {v: len(rs) for v, rs in sorted(algorithm.history.train.items())}
     steps = _trainer_steps(run_dir)
     vals = {v: (e.mean, e.se) for v, e in algorithm.val_estimates.items()}
     plot = _plot(by_version, counts, steps, cfg.plot or run_dir / "reward_curve.png", vals, algorithm.best)
@@ -253,7 +257,7 @@ def print_result(result: LoopDemoResult, as_json: bool) -> None:
         if extra.get(key):
             out.print(f"{key.replace('_', ' ')}: {extra[key]}")
     if extra.get("interrupted"):
-        out.print("interrupted: stopped by Ctrl-C; the table shows what was done")
+        out.print("interrupted: stopped on request (Ctrl-C or SIGTERM); the table shows what was done")
     out.print(f"rollouts {result.rollouts} {result.by_status}   spans emitted {result.spans_emitted}   "
               f"in ClickHouse {result.spans_in_clickhouse}   triplets {result.triplets}   "
               f"took {result.seconds:.0f}s")

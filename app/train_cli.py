@@ -165,6 +165,6 @@ def train(agent: str | None, train_path: Path, val_path: Path | None, algorithm:
     for w in extra.get("warnings") or []:
         out.print(f"[yellow]warning:[/] {escape(w)}")
     out.print(f"rollouts {summary.rollouts} {summary.by_status}; took {summary.seconds:.0f}s"
-              + ("; interrupted (Ctrl-C): stopped cleanly" if summary.interrupted else ""))
+              + ("; interrupted (Ctrl-C or SIGTERM): stopped cleanly" if summary.interrupted else ""))
     if as_json:
         sys.stdout.write(json.dumps(summary.as_dict()) + "\n")

@@ -327,18 +327,19 @@ class Trainer:
         self._stopping_announced = False
 
     def fit(self, agent: Any, train_dataset: Sequence[Any], val_dataset: Sequence[Any] | None = None) -> FitSummary:
-        """Train ``agent`` on ``train_dataset``, validating on ``val_dataset``. Ctrl-C at any point (while the
-        stack starts, trains or stops) stops cleanly: no more rollouts are submitted, every process the run started
+        """Train ``agent`` on ``train_dataset``, validating on ``val_dataset``. Ctrl-C (or SIGTERM) at any point
+        (while the stack starts, trains or stops) stops cleanly: no more rollouts are submitted, every process the run started
         is stopped, the trainer's checkpoints and the topics keep what was done, and the summary is returned."""
         train, val = _tasks(train_dataset, "train"), _tasks(val_dataset, "val") if val_dataset is not None else None
         path, extra_path = self._agent(agent)
         t0 = time.monotonic()
         self._stop = threading.Event()
         self._stopping_announced = False
-        previous = None
+        previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
-            previous = signal.getsignal(signal.SIGINT)
-            signal.signal(signal.SIGINT, lambda *_: self._interrupt())
+            for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C, or `kill <pid>`
+                previous[sig] = signal.getsignal(sig)
+                signal.signal(sig, lambda *_: self._interrupt())
         try:
             with self._running(path, extra_path) as driver:
                 self.algorithm.run(driver, train, val)
@@ -352,8 +353,8 @@ class Trainer:
             # asked to stop: what the stop cut short (a wait for a policy, a timeout) is no error of the run
             self.console.print(f"  [dim]cut short by the stop: {type(exc).__name__}: {exc}[/]")
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         return self._summary(time.monotonic() - t0, self._stop.is_set())
 
     def _agent(self, agent: Any) -> tuple[str, str | None]:
@@ -377,7 +378,7 @@ class Trainer:
         self._stop.set()
 
     def _interrupt(self) -> None:
-        """SIGINT: only sets the stop flag (never raises), so the stack's processes are always stopped."""
+        """SIGINT / SIGTERM: only sets the stop flag (never raises), so the stack's processes are always stopped."""
         if self._stopping_announced:
             self.console.print("  already stopping: the stack's processes are being stopped ...")
         else:

@@ -27,3 +27,9 @@ def template_agent(task: dict[str, Any], prompt_template: Any) -> float:
     if str(task["letter"]) * int(task["count"]) in text:
         return 1.0
     return 0.5 if str(task["letter"]) in text else 0.0
+
+
+def zero_agent(task: dict[str, Any], llm: Any) -> float:
+    """Calls the policy (so its rollouts become triplets) and scores every answer 0: no learning signal."""
+    copy_agent(task, llm)
+    return 0.0

@@ -96,6 +96,19 @@ def test_fit_makes_n_times_group_size_training_rollouts_and_validates_each_versi
     assert summary.rollouts == len(TASKS) * 2 + len(VAL_TASKS) * len(summary.val_reward_by_version)
 
 
+@pytest.mark.timeout(900)
+def test_a_run_without_learning_signal_says_so_and_the_summary_records_it(tmp_path: Path) -> None:
+    # two waves of one group each go out on version 0: two windows, both flat
+    algorithm = GRPO(group_size=2, groups_per_step=1, passes=1, val_every=0, window_seconds=None, max_versions=1,
+                     signal_windows=2)
+    summary = Trainer(algorithm=algorithm, n_runners=1, concurrency=4, settings=_settings(tmp_path),
+                      quiet=True).fit("tests.fit_agents:zero_agent", TASKS[:2])
+    line = summary.extra["no_signal"]
+    assert line is not None and "every reward was 0" in line and "litstream rollout show ro-" in line
+    assert all(w["flat"] == w["groups"] for w in summary.extra["windows"])
+    assert summary.extra["stopped"].startswith("budget reached")
+
+
 def test_dev_runs_each_task_once_with_baseline(joined: Callable[..., Trainer]) -> None:
     summary = joined("tests.fit_agents:copy_agent").dev("tests.fit_agents:copy_agent", TASKS)
     assert summary.algorithm == "baseline"
@@ -281,7 +294,7 @@ def test_ctrl_c_while_the_stack_starts_stops_every_process_it_started_and_prints
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Aborted" not in done.stderr
     assert json.loads(done.stdout.splitlines()[-1])["interrupted"] is True
-    assert "interrupted (Ctrl-C): stopped cleanly" in done.stderr
+    assert "interrupted (Ctrl-C or SIGTERM): stopped cleanly" in done.stderr
     assert _still_running(seen) == []
 
 
@@ -297,7 +310,7 @@ def test_ctrl_c_during_the_demo_prints_its_summary_and_leaves_no_process(tmp_pat
     assert "Aborted" not in done.stderr
     summary = json.loads(done.stdout.splitlines()[-1])
     assert summary["interrupted"] is True
-    assert "interrupted: stopped by Ctrl-C" in done.stderr
+    assert "interrupted: stopped on request" in done.stderr
     assert _role(seen, "kafka.Kafka", "process lifecycle", "process span-sink", "process triplets")
     assert _still_running(seen) == []
 
