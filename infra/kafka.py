@@ -274,10 +274,25 @@ def headers_dict(msg: Message) -> dict[str, bytes]:
     return out
 
 
-def flush_or_raise(p: Producer, timeout: float = 30.0) -> None:
-    left = p.flush(timeout)
-    if left:
-        raise TimeoutError(f"{left} messages were not delivered within {timeout:.0f}s; is the broker up?")
+PATIENT_FLUSH_WARN_S = 30.0
+
+
+def flush_or_raise(p: Producer, timeout: float | None = 30.0) -> None:
+    """Wait for every queued message's acknowledgement; after ``timeout`` seconds raise :class:`TimeoutError`.
+
+    ``timeout=None`` waits as long as the producer itself keeps a message (``message.timeout.ms``, 5 minutes by
+    default, after which it fails the message and its delivery report says why), warning every 30 s: what a
+    processor wants, whose slow broker (an overloaded machine) must cost time, not a crash and a rebalance."""
+    if timeout is not None:
+        left = p.flush(timeout)
+        if left:
+            raise TimeoutError(f"{left} messages were not delivered within {timeout:.0f}s; is the broker up?")
+        return
+    waited = 0.0
+    while left := p.flush(PATIENT_FLUSH_WARN_S):
+        waited += PATIENT_FLUSH_WARN_S
+        log.warning("%d messages still waiting for the broker's acknowledgement after %.0f s; waiting on (each "
+                    "fails after message.timeout.ms)", left, waited)
 
 
 def end_offsets(settings: Settings, topic: str, partitions: list[int]) -> dict[int, int]:

@@ -102,7 +102,9 @@ class EventProducer:
 
         return report
 
-    def flush(self, timeout: float = 30.0) -> None:
+    def flush(self, timeout: float | None = 30.0) -> None:
+        """Wait for every event's acknowledgement (``timeout=None``: as long as the producer keeps one; see
+        :func:`flush_or_raise`); raises if the broker refused one."""
         flush_or_raise(self._producer, timeout)
         with self._errors_lock:
             errors, self._errors = self._errors, []

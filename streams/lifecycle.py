@@ -273,7 +273,7 @@ class LifecycleProcessor:
 
     async def _flush_outputs(self) -> None:
         """Every output sent (raises if one was refused: the commit must not pass it)."""
-        await asyncio.to_thread(self.outputs.flush)
+        await asyncio.to_thread(self.outputs.flush, None)  # an overloaded broker costs time, not a crash
 
     def _load(self, rid: str) -> RolloutState | None:
         state = self._states.get(rid)

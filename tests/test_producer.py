@@ -42,3 +42,19 @@ def test_send_now_coalesces_requests_and_close_ends_its_thread(settings: Setting
     events.close()  # flushes what is left, then the helper thread sees the close
     assert not sender.is_alive()
     assert len(list(read_to_end(settings, events.topics.workers))) == 50
+
+
+def test_a_patient_flush_ends_when_the_producer_gives_up_on_its_messages(settings: Settings) -> None:
+    # No broker behind the address: a patient flush (processors) waits for the producer's own delivery timeout,
+    # and the failed deliveries surface as an error rather than a hang or a silent loss.
+    gone = settings.model_copy(update={"bootstrap_servers": "127.0.0.1:9"})
+    events = EventProducer(gone, "test", **{"message.timeout.ms": 1500})
+    events.produce_raw(events.topics.workers, b"w-0", b"value")
+    try:
+        events.flush(None)
+    except RuntimeError as exc:
+        assert "not delivered" in str(exc)
+    else:
+        raise AssertionError("a message no broker took was reported delivered")
+    finally:
+        events.close()
