@@ -5,14 +5,24 @@ clock runs from the processor being ready until a fresh store's view shows every
 folded, its snapshot and offer written). CPU-seconds of the broker and the processor come from /proc.
 (docs/benchmarks.md, "Group commit of the processor's outputs ...")
 
-    python -m litstream.bench.lifecycle_drain [--rollouts 10000]
+    python -m litstream.bench.lifecycle_drain [--rollouts 10000] [--profile docs/perf/drain.svg]
+
+``--profile PATH`` attaches py-spy (``pip install py-spy``) to the processor for the drain only (not its start or
+stop) and writes its flame graph there (``.svg``) or a speedscope profile (``.json``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
+import signal
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from litstream.app.stack import Stack
@@ -51,9 +61,30 @@ async def wait_folded(settings: Any, rollouts: int) -> None:
         await store.close()
 
 
+@contextmanager
+def profiled(pid: int, path: Path | None, rate: int = 100) -> Iterator[None]:
+    """py-spy on ``pid`` while the block runs (nothing without a path); stopped with SIGINT, as at a Ctrl-C."""
+    if path is None:
+        yield
+        return
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+    if spy is None:
+        raise SystemExit("--profile needs py-spy: pip install py-spy")
+    fmt = "speedscope" if path.suffix == ".json" else "flamegraph"
+    proc = subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", str(rate), "--nonblocking",
+                             "--format", fmt, "-o", str(path)], stdout=subprocess.DEVNULL)
+    time.sleep(0.5)  # attached before the clock starts
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rollouts", type=int, default=10_000)
+    ap.add_argument("--profile", type=Path, default=None, help="py-spy flame graph (.svg) or speedscope (.json)")
     args = ap.parse_args(argv)
     with embedded_broker(_Steps(), "drain") as (broker, settings):  # type: ignore[arg-type]
         asyncio.run(enqueue(settings, args.rollouts))
@@ -62,11 +93,12 @@ def main(argv: list[str] | None = None) -> None:
             stack.wait_ready("lifecycle", "lifecycle")
             assert broker.proc is not None
             pids = {"broker": broker.proc.pid, "lifecycle": stack.roles["lifecycle"].proc.pid}
-            before = cpu_of(pids)
-            start = time.perf_counter()
-            asyncio.run(wait_folded(settings, args.rollouts))
-            seconds = time.perf_counter() - start
-            after = cpu_of(pids)
+            with profiled(pids["lifecycle"], args.profile):
+                before = cpu_of(pids)
+                start = time.perf_counter()
+                asyncio.run(wait_folded(settings, args.rollouts))
+                seconds = time.perf_counter() - start
+                after = cpu_of(pids)
     cpu = ", ".join(f"{name} {after[name] - before[name]:.2f}" for name in before if name in after)
     print(f"folded {args.rollouts:,} enqueues in {seconds:.2f} s: {args.rollouts / seconds:,.0f} events/s; "
           f"CPU-seconds {cpu}")

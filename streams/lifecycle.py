@@ -60,6 +60,11 @@ TICK_S = 0.1  # timer resolution: a deadline is seen at most this late (plus the
 # when it has none (EventProducer.send_now): a reader waits for each snapshot, and the broker spends CPU
 # per batch it stores and serves.
 OUTPUT_LINGER_MS = 5
+# Faust's own producer (the table's changelog, dead letters, timer events) batches this long: no answer waits for
+# it (snapshots and offers leave through `outputs`), and a batch of changelog writes costs the broker and this
+# process less than a request each (draining 5,000 enqueues, five alternating runs each on a loaded machine: broker
+# 6.8 -> 6.1 CPU-s, this process 5.1 -> 4.5, means).
+CHANGELOG_LINGER_S = 0.005
 # Unfinished rollouts' states kept as objects (3.5 kB each: at most ~70 MiB); a finished one is not kept.
 STATE_CACHE_SIZE = 20_000
 HEAP_SLACK = 1_000  # superseded timer entries tolerated (beyond one per armed deadline) before the heap is rebuilt
@@ -115,6 +120,7 @@ class LifecycleProcessor:
             store=f"{settings.table_store}://",
             table_standby_replicas=0,  # a worker holds only the partitions it owns
             datadir=str(datadir),
+            producer_linger=CHANGELOG_LINGER_S,
             **faust_group_config(settings),
             **faust_broker_credentials(settings),
         )
@@ -236,10 +242,7 @@ class LifecycleProcessor:
         if outcome.offer is not None and new is not None:
             if outcome.offer.attempt_sequence > 1:
                 self.stats["retries"] += 1
-            offer = RolloutOffered(meta=self.factory.meta(rid), attempt_sequence=outcome.offer.attempt_sequence,
-                                   input=new.input, mode=new.mode, resources_id=new.resources_id, config=new.config,
-                                   metadata=new.metadata)
-            self._output(self.topics.offers, rid, offer)
+            self._output(self.topics.offers, rid, self._offer(new, outcome.offer.attempt_sequence))
 
     async def _resend_effects(self, event: Any, state: RolloutState) -> None:
         """A redelivered event may have been applied by a worker that died before its effects went out (the
@@ -247,25 +250,30 @@ class LifecycleProcessor:
         the offer of a rollout on offer (claims are version-checked, so a second offer can win nothing twice), and
         the snapshot when this event was the last one applied (a claimant may be waiting for its outcome)."""
         if state.status in ("queuing", "requeuing"):
-            offer = RolloutOffered(meta=self.factory.meta(state.rollout_id), attempt_sequence=len(state.attempts) + 1,
-                                   input=state.input, mode=state.mode, resources_id=state.resources_id,
-                                   config=state.config, metadata=state.metadata)
-            self._output(self.topics.offers, state.rollout_id, offer)
+            self._output(self.topics.offers, state.rollout_id, self._offer(state, len(state.attempts) + 1))
         if state.updated_ns == event.meta.timestamp_ns:
             reserved = state.next_sequence_id - event.count if isinstance(event, SequenceRequested) else None
             snapshot = state.snapshot(event.meta, True, None, reserved)
             self._output(self.topics.state, state.rollout_id, snapshot)
+
+    def _offer(self, state: RolloutState, attempt_sequence: int) -> RolloutOffered:
+        """The offer of ``state``'s next attempt, from values the fold already holds as valid (validating them
+        again, the task input's JSON check included, was a tenth of an enqueue's handling)."""
+        return RolloutOffered.trusted(meta=self.factory.meta(state.rollout_id), attempt_sequence=attempt_sequence,
+                                      input=state.input, mode=state.mode, resources_id=state.resources_id,
+                                      config=state.config, metadata=state.metadata)
 
     async def _observe_worker(self, event: Any, before: RolloutState | None, after: RolloutState) -> None:
         """Workers are derived from attempts: tell the workers topic when an attempt's status or worker changed."""
         old = {a.attempt_id: a for a in before.attempts} if before is not None else {}
         for a in after.attempts:
             prev = old.get(a.attempt_id)
-            if a.worker_id is None or (prev is not None and (prev.status, prev.worker_id) == (a.status, a.worker_id)):
+            if not a.worker_id or (prev is not None and (prev.status, prev.worker_id) == (a.status, a.worker_id)):
                 continue
-            obs = WorkerObserved(**self.factory.stamp(), worker_id=a.worker_id, time=event.meta.timestamp_ns / 1e9,
-                                 kind="dequeue" if prev is None else "attempt", status=worker_status_for(a.status),
-                                 rollout_id=after.rollout_id, attempt_id=a.attempt_id)
+            obs = WorkerObserved.trusted(**self.factory.stamp(), worker_id=a.worker_id,
+                                         time=event.meta.timestamp_ns / 1e9, kind="dequeue" if prev is None else "attempt",
+                                         status=worker_status_for(a.status), rollout_id=after.rollout_id,
+                                         attempt_id=a.attempt_id, heartbeat_stats=None)
             self._output(self.topics.workers, a.worker_id, obs)
 
     def _output(self, topic: str, key: str, record: Any) -> None:
