@@ -73,7 +73,9 @@ def main(ctx: click.Context) -> None:
     LITSTREAM_DATA_DIR, ...; docs/configuration.md). Start here: `litstream demo`.
     """
     from litstream.infra.kafka import quiet_clients
+    from litstream.infra.processes import stop_with_parent
 
+    stop_with_parent()  # a role process the stack started stops with it, even when the stack is SIGKILLed
     try:
         Settings()
     except UnknownSettingError as exc:

@@ -19,6 +19,7 @@ from typing import IO, Any
 from litstream.infra import health
 from litstream.infra.broker import KafkaBroker
 from litstream.infra.kafka import create_topics, wait_for_broker
+from litstream.infra.processes import child_env
 from litstream.infra.settings import Settings
 
 STACK_FILE = "stack.json"
@@ -117,7 +118,7 @@ class RoleProcess:
         self.log_path = log_path
         self._log: IO[bytes] = open(log_path or os.devnull, "ab")  # noqa: SIM115 (closed by the pump or stop)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "litstream.app.cli", *args], env={**os.environ, **env},
+            [sys.executable, "-m", "litstream.app.cli", *args], env={**os.environ, **env, **child_env()},
             stdout=subprocess.PIPE if echo is not None else self._log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )

@@ -33,7 +33,7 @@ from typing import Any
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from .processes import stop_process
+from .processes import stop_process, with_parent_death_signal
 
 KAFKA_VERSION = "4.4.0"  # infra/pom.xml and docker-compose.yml's image tag name the same version
 MIN_JAVA = 17  # Kafka 4.x brokers need Java 17 or newer
@@ -357,8 +357,9 @@ class KafkaBroker(ServerProcess):
                                                              "controller_port": self.controller_port}))
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115 (the child owns it)
         heap = [f"-Xms{self.heap_mb}m", f"-Xmx{self.heap_mb}m", *self.jvm_flags, *self._class_archive()]
-        self.proc = subprocess.Popen(self._java("kafka.Kafka", str(props), heap=heap), stdout=out,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        # The JVM stops with the process that started it (a SIGKILLed `litstream up` leaves no broker behind).
+        cmd = with_parent_death_signal(self._java("kafka.Kafka", str(props), heap=heap))
+        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         if not isinstance(out, int):  # the file, not DEVNULL
             out.close()
 

@@ -1,8 +1,17 @@
-"""Child processes the stack and the benchmarks start: stopping one politely, then firmly."""
+"""Child processes the stack and the benchmarks start: stopping one politely, then firmly, and never outliving
+the process that started it."""
 
 from __future__ import annotations
 
+import ctypes
+import os
+import shutil
+import signal
 import subprocess
+import sys
+
+PARENT_ENV = "LITSTREAM_PARENT_PID"  # set for a child the stack starts: the pid it must not outlive
+PR_SET_PDEATHSIG = 1
 
 
 def stop_process(proc: subprocess.Popen[bytes] | subprocess.Popen[str], timeout: float) -> None:
@@ -15,3 +24,28 @@ def stop_process(proc: subprocess.Popen[bytes] | subprocess.Popen[str], timeout:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def child_env() -> dict[str, str]:
+    """Environment for a Python child that must stop when this process dies (read by :func:`stop_with_parent`)."""
+    return {PARENT_ENV: str(os.getpid())}
+
+
+def stop_with_parent() -> None:
+    """In a child started with :func:`child_env`: get SIGTERM when the parent dies, however it dies (a SIGKILLed
+    `litstream up` or `Trainer.fit` must not leave its processors running). The variable is consumed here, so the
+    child's own children do not inherit it."""
+    parent = os.environ.pop(PARENT_ENV, None)
+    if parent is None or not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != int(parent):  # the parent died before the line above could take effect
+        raise SystemExit(f"the process that started this one ({parent}) is gone; stopping")
+
+
+def with_parent_death_signal(cmd: list[str]) -> list[str]:
+    """``cmd`` run so that it gets SIGTERM when this process dies (util-linux ``setpriv``, where there is one): for
+    children that are not litstream's own, such as the broker's JVM."""
+    setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
+    return [setpriv, "--pdeathsig", "TERM", "--", *cmd] if setpriv else cmd

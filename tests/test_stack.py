@@ -91,3 +91,51 @@ def test_a_killed_broker_is_started_again_on_its_log_and_keeps_what_it_had(tmp_p
             stack.supervise()
     finally:
         stack.stop()
+
+
+STARTS_A_STACK = """
+import json, sys, time
+from pathlib import Path
+from litstream.app.stack import Stack
+from litstream.infra.settings import Settings
+
+stack = Stack(Settings(data_dir=Path(sys.argv[1]), topic_prefix="orphans", partitions=1))
+stack.start_broker()
+stack.create_topics()
+role = stack.start("lifecycle", "process", "lifecycle")
+print(json.dumps({"broker": stack.broker.proc.pid, "lifecycle": role.proc.pid}), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_sigkilled_stack_leaves_no_process_behind(tmp_path: Path) -> None:
+    """SIGKILL gives the stack no chance to stop its children: they stop themselves (the broker's JVM too)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    parent = subprocess.Popen([sys.executable, "-c", STARTS_A_STACK, str(tmp_path / "data")], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert parent.stdout is not None
+        children: dict[str, int] = json.loads(parent.stdout.readline())
+        assert all(Path(f"/proc/{pid}").exists() for pid in children.values())
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(30)
+
+    def gone(pid: int) -> bool:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        return state == "Z"  # a zombie has stopped; its reaper (init here) collects it
+
+    try:
+        for name, pid in children.items():
+            until(f"{name} to stop with its parent", lambda p=pid: gone(p), timeout=90)
+    finally:
+        for pid in children.values():
+            if not gone(pid):
+                os.kill(pid, signal.SIGKILL)
