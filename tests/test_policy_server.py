@@ -27,7 +27,7 @@ from litstream.trainer.engines import TorchEngine
 from litstream.workers.agent import litagent
 from litstream.workers.client import enqueue_rollout
 from litstream.workers.policy_server.backends import torch_backend, upstream_backend
-from litstream.workers.producer import EventProducer
+from litstream.infra.producer import EventProducer
 from litstream.workers.runner import Runner
 from tests.policy_server_helpers import (
     ServerThread,

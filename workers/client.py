@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from litstream.infra.producer import EventProducer
-from litstream.schemas.events import AvroRolloutConfig, RolloutEnqueued, RolloutStatusChanged
+from litstream.schemas.events import AvroRolloutConfig, RolloutEnqueued
 from litstream.schemas.models import RolloutConfig, RolloutMode, new_rollout_id
 
 
@@ -21,8 +21,3 @@ def enqueue_rollout(events: EventProducer, input: Any, *, mode: RolloutMode | No
     )
     events.send(events.topics.rollout_events, event)
     return event
-
-
-def cancel_rollout(events: EventProducer, rollout_id: str, reason: str | None = None) -> None:
-    events.send(events.topics.rollout_events, RolloutStatusChanged(
-        meta=events.factory.meta(rollout_id), status="cancelled", time=time.time(), reason=reason))
