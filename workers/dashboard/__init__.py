@@ -1,5 +1,2 @@
-"""The web dashboard the gateway serves at ``/`` (see ``docs/dashboard.md``)."""
-
-from .routes import add_dashboard_routes
-
-__all__ = ["add_dashboard_routes"]
+"""The web dashboard the gateway serves at ``/`` (see ``docs/dashboard.md``): ``routes.add_dashboard_routes``
+adds its pages to an aiohttp app; ``data`` holds the queries behind them."""

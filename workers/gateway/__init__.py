@@ -21,7 +21,7 @@ from litstream.infra.settings import Settings
 from litstream.streams.store import LitStore
 
 from ..agl_api import PREFIX, build_agl_app
-from ..dashboard import add_dashboard_routes
+from ..dashboard.routes import add_dashboard_routes
 from ..otlp import add_otlp_routes
 from . import rollouts, sql, status
 from .auth import OPEN_PATHS, bearer_auth
