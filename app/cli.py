@@ -135,7 +135,7 @@ def demo(model: str, steps: int, minutes: float, runners: int, concurrency: int,
 
     Runners do a toy task with the current policy, spans become triplets, the GRPO trainer publishes each new
     version and the next rollouts use it. Every 5 versions the policy is validated on each of the toy task's 8
-    tasks, 8 times; after 4 validations without a new best the run stops and the best validated version is
+    tasks, 8 times; after 3 validations without a new best the run stops and the best validated version is
     published again (its resources id is in the summary). Shows the mean reward of the training rollouts per
     policy version and writes a reward curve marking the best version. Ctrl-C stops cleanly, with the summary.
     """
@@ -488,6 +488,8 @@ def process_triplets() -> None:
 @click.option("--epochs", default=1, show_default=True, help="Optimizer steps per window on its samples (PPO epochs).")
 @click.option("--entropy-coef", default=0.0, show_default=True,
               help="Entropy bonus: keeps the policy exploring (the toy task needs it to find the stop token).")
+@click.option("--lr-by-signal", is_flag=True,
+              help="Scale each step's learning rate by the share of the window's groups whose rewards differ.")
 @click.option("--entropy-fade", is_flag=True,
               help="Scale the entropy bonus by (1 - the window's mean reward): none left once the task is solved.")
 @click.option("--temperature", default=1.0, show_default=True,
@@ -501,7 +503,7 @@ def process_triplets() -> None:
 @click.option("--seed", default=0, show_default=True)
 def process_trainer(policy: str, checkpoints: Path | None, group_size: int, groups_per_step: int,
                     window_seconds: float | None, max_staleness: int, lr: float, lr_schedule: str, kl_beta: float,
-                    epochs: int, entropy_coef: float, entropy_fade: bool, temperature: float,
+                    epochs: int, entropy_coef: float, lr_by_signal: bool, entropy_fade: bool, temperature: float,
                     max_tokens: int | None, keep_every: int | None, max_steps: int | None, vllm_url: str | None,
                     seed: int) -> None:
     """The GRPO trainer: triplets topic -> windows -> update -> checkpoint -> policy-vN on the resources topic."""
@@ -517,7 +519,7 @@ def process_trainer(policy: str, checkpoints: Path | None, group_size: int, grou
                         max_steps=max_steps, vllm_url=vllm_url, seed=seed, keep_every=keep_every,
                         sampling={"temperature": temperature, "max_tokens": tokens},
                         learner=LearnerConfig(lr=lr, epochs=epochs, lr_schedule=lr_schedule, total_steps=max_steps,
-                                              entropy_fade=entropy_fade,
+                                              entropy_fade=entropy_fade, lr_by_signal=lr_by_signal,
                                               loss=LossConfig(kl_beta=kl_beta, entropy_coef=entropy_coef)))
     run(load_settings(), cfg)
 

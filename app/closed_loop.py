@@ -51,12 +51,13 @@ class LoopDemoConfig:
     epochs: int = 4
     entropy_coef: float = 0.03
     entropy_fade: bool = True  # the bonus fades as the window's mean reward nears 1 (docs/training.md)
+    lr_by_signal: bool = True  # each step's learning rate times the share of groups with signal (docs/training.md)
     lr_schedule: str = "constant"
     # Validation: every distinct toy task (4 letters x 2 counts) sampled val_samples times, every val_every
     # versions; the run stops after `patience` validations without a new best and publishes the best version.
     val_every: int = 5
     val_samples: int = 8
-    patience: int | None = 4
+    patience: int | None = 3
     # One window of rollouts per published version, pinned to it: each sample is trained exactly one version
     # after the one that made it (measured: samples two versions old learned several times slower).
     waves: bool = True
@@ -101,6 +102,7 @@ def run_closed_loop(settings: Settings, cfg: LoopDemoConfig, quiet: bool = False
     algorithm = GRPO(model=cfg.model, group_size=cfg.group_size, groups_per_step=cfg.groups_per_step,
                      max_staleness=cfg.max_staleness, lr=cfg.lr, ppo_epochs=cfg.epochs,
                      entropy_coef=cfg.entropy_coef, entropy_fade=cfg.entropy_fade, lr_schedule=cfg.lr_schedule,
+                     lr_by_signal=cfg.lr_by_signal,
                      in_flight=cfg.in_flight, seed=cfg.seed, window_seconds=None, max_versions=cfg.steps,
                      minutes=cfg.minutes, val_every=cfg.val_every if cfg.val_samples else 0,
                      val_samples=cfg.val_samples, patience=cfg.patience, pin_versions=True, waves=cfg.waves)

@@ -171,6 +171,16 @@ def test_bad_datasets_and_agents_are_refused_before_anything_starts(tmp_path: Pa
     assert not (tmp_path / "data" / "train").exists()  # nothing was started
 
 
+def test_a_learning_rate_that_would_wreck_a_pretrained_model_is_refused_before_anything_starts(
+        tmp_path: Path) -> None:
+    env = {**os.environ, "LITSTREAM_DATA_DIR": str(tmp_path / "data"), "COLUMNS": "200"}
+    out = subprocess.run(_train_cmd("--train", "examples/data/copy_train.jsonl", "--model", "smollm2", "--lr", "1e-3"),
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert "would wreck a pretrained model" in out.stderr and "5e-06" in out.stderr
+    assert not (tmp_path / "data" / "train").exists()  # nothing was started
+
+
 def test_datasets_load_from_jsonl_and_parquet(tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq

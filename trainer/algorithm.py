@@ -223,6 +223,7 @@ class GRPO(Algorithm):
     ppo_epochs: int | None = None
     entropy_coef: float | None = None
     entropy_fade: bool = True  # the entropy bonus fades as the window's mean reward nears 1 (LearnerConfig)
+    lr_by_signal: bool | None = None  # the step's learning rate times the share of groups with signal
     lr_schedule: str = "constant"  # constant | cosine | linear, over max_versions (LearnerConfig)
     temperature: float | None = None  # published with each version; agents that read sampling_parameters use it
     max_tokens: int | None = None  # published with each version, as temperature
@@ -252,7 +253,8 @@ class GRPO(Algorithm):
         self.defaults = d
         for name, value in (("group_size", d.group_size), ("groups_per_step", d.groups_per_step), ("lr", d.lr),
                             ("ppo_epochs", d.epochs), ("entropy_coef", d.entropy_coef),
-                            ("temperature", d.temperature), ("max_tokens", d.max_tokens)):
+                            ("temperature", d.temperature), ("max_tokens", d.max_tokens),
+                            ("lr_by_signal", d.lr_by_signal)):
             if getattr(self, name) is None:
                 setattr(self, name, value)
         verdict = check_lr(self.model, float(self.lr or 0.0))
@@ -294,7 +296,8 @@ class GRPO(Algorithm):
         return text
 
     def settings_text(self) -> str:
-        return (f"{self.model}: lr {self.lr:g} ({self.lr_schedule}), {self.group_size} rollouts per group, "
+        scaled = ", scaled by the share of groups with signal" if self.lr_by_signal else ""
+        return (f"{self.model}: lr {self.lr:g} ({self.lr_schedule}{scaled}), {self.group_size} rollouts per group, "
                 f"{self.groups_per_step} groups per step, {self.ppo_epochs} optimizer step(s) per window, "
                 f"temperature {self.temperature:g}, {self.max_tokens} response tokens, entropy bonus "
                 f"{self.entropy_coef:g}{' (fading with the reward)' if self.entropy_fade and self.entropy_coef else ''}"
@@ -307,6 +310,7 @@ class GRPO(Algorithm):
                 "--seed", str(self.seed), "--temperature", str(self.temperature), "--max-tokens",
                 str(self.max_tokens), "--lr-schedule", self.lr_schedule,
                 *(["--entropy-fade"] if self.entropy_fade else []),
+                *(["--lr-by-signal"] if self.lr_by_signal else []),
                 *(["--keep-every", str(self.val_every)] if self.val_every else []),
                 *(["--window-seconds", str(self.window_seconds)] if self.window_seconds else []),
                 *(["--max-steps", str(self.max_versions)] if self.max_versions else [])]

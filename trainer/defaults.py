@@ -27,6 +27,7 @@ class ModelDefaults:
     epochs: int  # optimizer steps per window on its samples
     max_tokens: int  # response length the trainer publishes with each version
     entropy_coef: float
+    lr_by_signal: bool  # the step's learning rate times the share of groups with signal (LearnerConfig)
     minutes: float  # a first run's time budget
     max_versions: int  # a first run's version budget
     max_lr: float | None  # a learning rate above this is refused (None: any)
@@ -37,13 +38,14 @@ class ModelDefaults:
 
 
 TINY = ModelDefaults(model="tiny", pretrained=False, lr=1e-3, temperature=1.0, group_size=8, groups_per_step=16,
-                     epochs=4, max_tokens=toy_task.MAX_NEW_TOKENS, entropy_coef=0.03, minutes=10.0,
+                     epochs=4, max_tokens=toy_task.MAX_NEW_TOKENS, entropy_coef=0.03, lr_by_signal=True, minutes=10.0,
                      max_versions=300, max_lr=None, warn_lr=1e-2)
 # Pretrained: the learning rate measured to work, one optimizer step per window (several passes over the same
 # samples move a pretrained model a long way), no entropy bonus (it already samples diverse text), room for a
 # sentence of answer.
 SMOLLM2 = ModelDefaults(model="smollm2", pretrained=True, lr=5e-6, temperature=1.0, group_size=8,
-                        groups_per_step=8, epochs=1, max_tokens=128, entropy_coef=0.0, minutes=30.0,
+                        groups_per_step=8, epochs=1, max_tokens=128, entropy_coef=0.0, lr_by_signal=False,
+                        minutes=30.0,
                         max_versions=100, max_lr=1e-4, warn_lr=2e-5)
 
 
