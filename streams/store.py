@@ -13,6 +13,7 @@ or sequence id for an unknown rollout is an error; span duplicates are recognise
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import threading
 import time
@@ -86,6 +87,11 @@ WORKER_WAIT_S = 10.0  # at most this long a write waits for its worker record
 # broker: acknowledged in 0.26 ms at linger 0, 1.4 ms at 1, 5.7 ms at 5); under load the records of concurrent
 # calls still share batches, queued while earlier requests are in flight.
 STORE_LINGER_MS = 0
+# Offers read ahead of the claims at most; how long a dequeue waits for one while none is at hand, and, with
+# offers at hand, for partitions just assigned to answer (one may hold an older offer).
+OFFER_READ_AHEAD = 4096
+OFFER_WAIT_S = 2.0
+OFFER_ORDER_WAIT_S = 0.5
 SPAN_HEARTBEAT_EVERY_S = 1.0  # spans count as heartbeats; one event per attempt this often is enough for the timers
 
 
@@ -238,6 +244,44 @@ class OfferLedger:
                 self._committed.pop(p, None)
 
 
+def offer_queue_time(offer: RolloutOffered, snap: RolloutSnapshot | None) -> float:
+    """When a rollout joined the queue, the order Agent Lightning's single queue keeps (pure): a first offer
+    counts from the rollout's enqueue (its ``start_time``, stamped where it was enqueued, so rollouts folded on
+    different partitions still compare in the order they were enqueued); a retry from when it went back on offer.
+    A rollout this store has not seen yet counts from its offer."""
+    if offer.attempt_sequence == 1 and snap is not None:
+        return snap.start_time
+    return offer.meta.timestamp_ns / 1e9
+
+
+class OfferQueue:
+    """Offers read from the consumer and not handed out yet, handed out oldest first (:func:`offer_queue_time`)
+    whatever partition they came from. Used on the offers thread only."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, tuple[int, int], RolloutOffered]] = []
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def push(self, at: float, offer: RolloutOffered, where: tuple[int, int]) -> None:
+        heapq.heappush(self._heap, (at, where, offer))  # (partition, offset) is unique: offers never compared
+
+    def pop(self, n: int) -> list[tuple[RolloutOffered, tuple[int, int]]]:
+        out: list[tuple[RolloutOffered, tuple[int, int]]] = []
+        while self._heap and len(out) < n:
+            _, where, offer = heapq.heappop(self._heap)
+            out.append((offer, where))
+        return out
+
+    def forget(self, partitions: Iterable[int]) -> None:
+        """Partitions this consumer no longer owns: their offers go to the next owner, from the committed offset."""
+        gone = set(partitions)
+        if gone:
+            self._heap = [item for item in self._heap if item[1][0] not in gone]
+            heapq.heapify(self._heap)
+
+
 class LitStore:
     """Async, like the reference; safe to share between tasks of one event loop."""
 
@@ -252,6 +296,8 @@ class LitStore:
         self._offers: Any = None
         self._offer_ends = PartitionEnds()  # offer partitions read to their end: the queue is empty there
         self._offer_ledger = OfferLedger()
+        self._offer_queue = OfferQueue()  # read ahead, handed out in enqueue order
+        self._offer_heard: set[int] = set()  # offer partitions that delivered a record since they were assigned
         # The offers consumer lives on one thread of its own (a consumer is not for several threads at once),
         # so a dequeue never waits for a thread of the shared pool, and the pool's never wait for it.
         self._offers_thread = ThreadPoolExecutor(1, thread_name_prefix="offers")
@@ -461,7 +507,8 @@ class LitStore:
         return got[0] if got else None
 
     async def dequeue_many_rollouts(self, *, limit: int = 1, worker_id: str | None = None) -> list[AttemptedRollout]:
-        """Non-blocking: claim up to ``limit`` rollouts on offer (FIFO per partition); stale offers are skipped.
+        """Non-blocking: claim up to ``limit`` rollouts on offer, oldest first (see :meth:`_next_offers`); stale
+        offers are skipped.
 
         Only taking offers from the consumer is serialised (they share it); the claims of concurrent calls travel
         through the log side by side, and each call awaits its own outcomes.
@@ -472,7 +519,6 @@ class LitStore:
         while len(out) < limit:
             async with self._dequeue_lock:
                 offers = await loop.run_in_executor(self._offers_thread, self._next_offers, limit - len(out))
-                self._offer_ledger.taken(where for _, where in offers)
             if not offers:
                 break
             claims = [AttemptStarted(meta=self.events.factory.meta(o.rollout_id), attempt_id=new_attempt_id(),
@@ -529,47 +575,66 @@ class LitStore:
         self._offers_thread.submit(commit)
 
     def _next_offers(self, limit: int) -> list[tuple[RolloutOffered, tuple[int, int]]]:
-        """Up to ``limit`` offers with their (partition, offset): those already fetched, else the next one."""
-        found: list[tuple[RolloutOffered, tuple[int, int]]] = []
-        while len(found) < limit:
-            got = self._next_offer(cap_s=2.0 if not found else 0.0)
-            if got is None:
-                break
-            found.append(got)
-        return found
-
-    def _next_offer(self, cap_s: float = 2.0) -> tuple[RolloutOffered, tuple[int, int]] | None:
-        """The next offer, or None once every assigned partition is known to be at its end (the queue is empty)."""
+        """Up to ``limit`` offers with their (partition, offset), the oldest first across every partition this
+        consumer owns, as the reference's one queue hands them out (docs/api.md, "Queue order"). Reads what the
+        consumer has fetched (up to ``OFFER_READ_AHEAD`` waiting here). With offers waiting, it first waits (at
+        most ``OFFER_ORDER_WAIT_S``) until every partition has delivered a record or its end since it was
+        assigned; with none, until one comes, every partition is known to be at its end (the queue is empty: no
+        offers) or ``OFFER_WAIT_S`` passes. Offers read count as taken (the ledger keeps their offsets from being
+        committed) until their claims are answered."""
         if self._offers is None:
-            self._offers = consumer(self.settings, group_id=f"{self.settings.topic_prefix}-runners",
-                                    **{"enable.partition.eof": True})
-            self._offers.subscribe([self.events.topics.offers], on_assign=self._offer_partitions_moved,
-                                   on_revoke=self._offer_partitions_moved)
-            # Joining the group takes a few seconds; only the first dequeue waits for it.
-            joined_by = time.monotonic() + 15.0
-            while not self._offers.assignment() and time.monotonic() < joined_by:
-                msg = self._offers.poll(0.1)
-                if msg is not None and msg.error() is None:
-                    offer = self._decode_offer(msg.value())
-                    if offer is not None:
-                        return offer, (int(msg.partition() or 0), int(msg.offset() or 0))
-        deadline = time.monotonic() + cap_s
+            self._join_offers()
+        start = time.monotonic()
         while True:
+            while len(self._offer_queue) < OFFER_READ_AHEAD:  # what the consumer has fetched already
+                msgs = self._offers.consume(OFFER_READ_AHEAD - len(self._offer_queue), timeout=0)
+                if not msgs:
+                    break
+                self._queue_offers(msgs)
             assigned = {tp.partition for tp in self._offers.assignment()}
-            msg = self._offers.poll(0.02 if cap_s > 0 else 0)
-            if msg is None:
-                if self._offer_ends.covers(assigned) or time.monotonic() >= deadline:
-                    return None
-                continue
+            waited = time.monotonic() - start
+            if len(self._offer_queue):
+                # Just assigned, a partition may not have answered yet: an older offer may be on its way there.
+                unheard = assigned - self._offer_ends.at_end - self._offer_heard
+                if not unheard or waited >= OFFER_ORDER_WAIT_S:
+                    return self._offer_queue.pop(limit)
+            elif self._offer_ends.covers(assigned) or waited >= OFFER_WAIT_S:
+                return []
+            msg = self._offers.poll(0.02)
+            if msg is not None:
+                self._queue_offers([msg])
+
+    def _join_offers(self) -> None:
+        self._offers = consumer(self.settings, group_id=f"{self.settings.topic_prefix}-runners",
+                                **{"enable.partition.eof": True})
+        self._offers.subscribe([self.events.topics.offers], on_assign=self._offer_partitions_moved,
+                               on_revoke=self._offer_partitions_moved)
+        # Joining the group takes a few seconds; only the first dequeue waits for it.
+        joined_by = time.monotonic() + 15.0
+        while not self._offers.assignment() and time.monotonic() < joined_by:
+            msg = self._offers.poll(0.1)
+            if msg is not None:
+                self._queue_offers([msg])
+
+    def _queue_offers(self, msgs: list[Any]) -> None:
+        taken = []
+        for msg in msgs:
             if not self._offer_ends.record(msg):
                 continue
+            where = (int(msg.partition() or 0), int(msg.offset() or 0))
+            self._offer_heard.add(where[0])
             offer = self._decode_offer(msg.value())
-            if offer is not None:
-                return offer, (int(msg.partition() or 0), int(msg.offset() or 0))
+            if offer is None:
+                continue
+            self._offer_queue.push(offer_queue_time(offer, self.rollouts.snapshots.get(offer.rollout_id)), offer, where)
+            taken.append(where)
+        self._offer_ledger.taken(taken)
 
     def _offer_partitions_moved(self, _c: Any, partitions: list[TopicPartition]) -> None:
         self._offer_ends.forget(tp.partition for tp in partitions)
         self._offer_ledger.forget(tp.partition for tp in partitions)
+        self._offer_queue.forget(tp.partition for tp in partitions)
+        self._offer_heard.difference_update(tp.partition for tp in partitions)
 
     def _decode_offer(self, value: bytes | None) -> RolloutOffered | None:
         try:

@@ -71,3 +71,41 @@ def test_stock_runner_with_its_tracer_against_the_gateway(agl: Path, gateway: st
     assert out["rewards"] == [1.0, 0.0, 1.0, 0.0]
     for names in out["span_names"]:  # the tracer's spans arrived over OTLP, the reward over REST
         assert "agentlightning.annotation" in names and "agentlightning.operation" in names
+
+
+CASES = Path(__file__).parent / "agl_compat_cases_script.py"
+
+
+def _cases(agl: Path, target: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([str(agl), str(CASES), target], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_agl_env())
+
+
+def _observed(proc: subprocess.Popen[str]) -> dict:
+    try:
+        out, err = proc.communicate(timeout=400)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-4000:]
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+@pytest.mark.timeout(600)  # two runs of the stock client, the reference's beside the gateway's
+def test_stock_client_cases_match_the_reference(agl: Path, gateway: str) -> None:
+    """The same calls through the stock client against Agent Lightning's own server and against the gateway: a span
+    starts, revives and beats its attempt; the queue is first in, first out; start_attempt reopens a succeeded
+    rollout; span ids are any string and sequence id 0 is stored; a heartbeat without stats keeps them. The same
+    observations on both, but for the two differences docs/api.md gives."""
+    reference_run = _cases(agl, "reference")  # its own server, in its own process: both run at once
+    try:
+        ours = _observed(_cases(agl, gateway))
+    finally:
+        reference = _observed(reference_run)
+    ours_differ, reference_differs = ours.pop("differences"), reference.pop("differences")
+    assert ours == reference
+    assert ours["fifo"]["dequeued_in_enqueue_order"] and ours["attempt_after_success"]["start_attempt"][0] == "preparing"
+    assert ours["spans_beat"]["unresponsive_after_span"] == {"attempt": "running", "heartbeat": True, "rollout": "running"}
+    assert reference_differs == {"unresponsive_failed": {"attempt": "running", "heartbeat": True, "rollout": "failed"},
+                                 "timeout_requeuing": {"attempt": "timeout", "heartbeat": True, "rollout": "running"}}
+    assert ours_differ == {"unresponsive_failed": {"attempt": "unresponsive", "heartbeat": True, "rollout": "failed"},
+                           "timeout_requeuing": {"attempt": "timeout", "heartbeat": True, "rollout": "requeuing"}}
