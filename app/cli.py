@@ -124,13 +124,16 @@ def _ch_reader(settings: Settings, wait_s: float = 30.0) -> Any:
 @click.option("--groups-per-step", default=16, show_default=True, help="Groups per training step.")
 @click.option("--plot", type=click.Path(path_type=Path), default=None,
               help="Where to write the reward-curve PNG (default .litstream/demo/reward_curve.png).")
+@click.option("--val-samples", default=8, show_default=True,
+              help="Validation: rollouts per toy task (8 tasks) every 5 versions; 0: no validation, no early stop.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="End with one JSON line for scripts.")
 @click.option("--slice", "slice_only", is_flag=True,
               help="Instead: a quick pass of the pipeline without training (the arithmetic agent).")
 @click.option("--rollouts", default=12, show_default=True, help="With --slice: how many rollouts.")
 def demo(model: str, steps: int, minutes: float, runners: int, concurrency: int, group_size: int,
-         groups_per_step: int, plot: Path | None, seed: int, as_json: bool, slice_only: bool, rollouts: int) -> None:
+         groups_per_step: int, plot: Path | None, val_samples: int, seed: int, as_json: bool, slice_only: bool,
+         rollouts: int) -> None:
     """Run the main job on the embedded stack: the closed loop of agent RL.
 
     Runners do a toy task with the current policy, spans become triplets, the GRPO trainer publishes each new
@@ -152,7 +155,8 @@ def demo(model: str, steps: int, minutes: float, runners: int, concurrency: int,
     from .closed_loop import print_result as print_loop
 
     cfg = LoopDemoConfig(model=model, steps=steps, minutes=minutes, runners=runners, concurrency=concurrency,
-                         group_size=group_size, groups_per_step=groups_per_step, plot=plot, seed=seed)
+                         group_size=group_size, groups_per_step=groups_per_step, plot=plot, seed=seed,
+                         val_samples=val_samples)
     try:
         loop = run_closed_loop(Settings(), cfg)
     except (RuntimeError, TimeoutError, ConnectionError) as exc:

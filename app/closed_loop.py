@@ -206,7 +206,8 @@ def _plot(by_version: dict[int, float], counts: dict[int, int], steps: list[dict
 
     fig, ax = plt.subplots(figsize=(7, 4))
     versions = list(by_version)
-    ax.plot(versions, [by_version[v] for v in versions], marker="o", label="mean reward of rollouts (ClickHouse)")
+    ax.plot(versions, [by_version[v] for v in versions], marker="o",
+            label="mean reward of training rollouts (ClickHouse)")
     if steps:
         ax.plot([s["version"] - 1 for s in steps], [s["reward_mean"] for s in steps], alpha=0.5, linestyle="--",
                 label="mean reward of each training window")
@@ -232,7 +233,7 @@ def _plot(by_version: dict[int, float], counts: dict[int, int], steps: list[dict
             if reached is not None else "")
     ax.set_title(f"GRPO closed loop: {sum(counts.values()):,} rollouts{goal}")
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left")
+    ax.legend(loc="lower right", fontsize=8)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

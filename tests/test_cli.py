@@ -40,11 +40,12 @@ def test_version() -> None:
     assert out.returncode == 0 and out.stdout.startswith("litstream, version ")
 
 
+@pytest.mark.timeout(600)
 def test_the_closed_loop_publishes_versions_that_reach_spans_and_triplets(tmp_path: Path) -> None:
     """A short closed loop with the tiny policy: each trained version is published as a resources event, the
     runners pick it up, and the spans and triplets they produce name it."""
     out = run("demo", "--steps", "3", "--groups-per-step", "2", "--group-size", "2", "--runners", "1",
-              "--concurrency", "4", "--json", cwd=tmp_path, timeout=400)
+              "--concurrency", "4", "--val-samples", "1", "--json", cwd=tmp_path, timeout=400)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["trainer_steps"] == 3
