@@ -298,6 +298,7 @@ class LitStore:
         self._offer_ledger = OfferLedger()
         self._offer_queue = OfferQueue()  # read ahead, handed out in enqueue order
         self._offer_heard: set[int] = set()  # offer partitions that delivered a record since they were assigned
+        self._offer_partitions_heard = False  # every assigned one has, since the last rebalance
         # The offers consumer lives on one thread of its own (a consumer is not for several threads at once),
         # so a dequeue never waits for a thread of the shared pool, and the pool's never wait for it.
         self._offers_thread = ThreadPoolExecutor(1, thread_name_prefix="offers")
@@ -591,12 +592,14 @@ class LitStore:
                 if not msgs:
                     break
                 self._queue_offers(msgs)
+            if len(self._offer_queue) and self._offer_partitions_heard:
+                return self._offer_queue.pop(limit)
             assigned = {tp.partition for tp in self._offers.assignment()}
             waited = time.monotonic() - start
             if len(self._offer_queue):
                 # Just assigned, a partition may not have answered yet: an older offer may be on its way there.
-                unheard = assigned - self._offer_ends.at_end - self._offer_heard
-                if not unheard or waited >= OFFER_ORDER_WAIT_S:
+                self._offer_partitions_heard = assigned <= self._offer_ends.at_end | self._offer_heard
+                if self._offer_partitions_heard or waited >= OFFER_ORDER_WAIT_S:
                     return self._offer_queue.pop(limit)
             elif self._offer_ends.covers(assigned) or waited >= OFFER_WAIT_S:
                 return []
@@ -635,6 +638,7 @@ class LitStore:
         self._offer_ledger.forget(tp.partition for tp in partitions)
         self._offer_queue.forget(tp.partition for tp in partitions)
         self._offer_heard.difference_update(tp.partition for tp in partitions)
+        self._offer_partitions_heard = False
 
     def _decode_offer(self, value: bytes | None) -> RolloutOffered | None:
         try:
