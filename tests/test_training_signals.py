@@ -195,3 +195,18 @@ def test_the_demo_counts_training_rollouts_only() -> None:
             ("r5", "best-x", 1.0)]
     means, counts = train_reward_by_version(rows, val_ids={"r3"})
     assert means == {1: 0.5, 2: 0.5} and counts == {1: 2, 2: 1}
+
+
+def test_a_hugging_face_model_directory_is_a_policy_with_the_pretrained_defaults(tmp_path: Path) -> None:
+    from litstream.trainer.algorithm import GRPO
+    from litstream.trainer.learner import GrpoLearner
+    from litstream.trainer.policy import build_policy
+
+    tiny = build_policy("tiny", seed=0)
+    saved = GrpoLearner(tiny.model, tiny.tokenizer).save(tmp_path)  # config.json, safetensors, tokenizer
+    loaded = build_policy(str(saved))
+    assert type(loaded.model).__name__ == "LlamaForCausalLM"
+    assert loaded.tokenizer.encode("ax1=") == tiny.tokenizer.encode("ax1=")
+    assert GRPO(model=str(saved)).lr == SMOLLM2.lr  # unknown models are treated as pretrained
+    with pytest.raises(ValueError, match="Hugging Face causal LM"):
+        build_policy(str(tmp_path / "nowhere"))
