@@ -82,7 +82,8 @@ def _per_model(field: str, fmt: str = "{}") -> str:
               help=f"GRPO: learning rate {_per_model('lr', '{:g}')}; above {SMOLLM2.max_lr:g} a pretrained model "
                    "is refused, as it would be wrecked.")
 @click.option("--lr-schedule", type=click.Choice(["constant", "cosine", "linear"]), default="constant",
-              show_default=True, help="GRPO: decay of the learning rate to a tenth at the version budget.")
+              show_default=True, help="GRPO: decay of the learning rate to a tenth at --max-versions (or the "
+                                      "first-run budget's versions; constant when there is no version bound).")
 @click.option("--epochs", type=int, default=None, help=f"GRPO: optimizer steps per window {_per_model('epochs')}.")
 @click.option("--entropy-coef", type=float, default=None,
               help=f"GRPO: entropy bonus, fading as the reward nears 1 {_per_model('entropy_coef', '{:g}')}.")
