@@ -18,6 +18,7 @@ from pydantic import SecretStr
 
 from litstream.app.stack import Stack
 from litstream.infra import clickhouse, health
+from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
 from litstream.schemas.events import SpanRecorded
 from litstream.schemas.policy import UNATTRIBUTED
@@ -27,7 +28,6 @@ from litstream.trainer.engines import TorchEngine
 from litstream.workers.agent import litagent
 from litstream.workers.client import enqueue_rollout
 from litstream.workers.policy_server.backends import torch_backend, upstream_backend
-from litstream.infra.producer import EventProducer
 from litstream.workers.runner import Runner
 from tests.policy_server_helpers import (
     ServerThread,
