@@ -335,7 +335,7 @@ class Trainer:
         t0 = time.monotonic()
         self._stop = threading.Event()
         self._stopping_announced = False
-        previous: dict[int, Any] = {}
+        previous: dict[signal.Signals, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C, or `kill <pid>`
                 previous[sig] = signal.getsignal(sig)
