@@ -739,7 +739,7 @@ def rollout_show(rollout_id: str, as_json: bool) -> None:
     spans, note = None, ""
     try:
         with _ch_reader(settings, wait_s=10.0) as run:
-            spans = run(show.SPAN_SQL.format(rid=rollout_id))
+            spans = run(show.SPAN_SQL, {"rid": rollout_id})
     except Exception as exc:  # noqa: BLE001 (the rollout is still worth showing without its spans)
         note = str(exc).strip().splitlines()[0]
     if as_json:

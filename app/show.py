@@ -25,7 +25,7 @@ from litstream.streams.trace_tree import TraceSpan, TraceTree
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
 SPAN_SQL = ("SELECT attempt_id, SpanId, ParentSpanId, SpanName, toUnixTimestamp64Nano(Timestamp), Duration, "
-            "StatusCode, reward, sequence_id FROM spans FINAL WHERE rollout_id = '{rid}' "
+            "StatusCode, reward, sequence_id FROM spans FINAL WHERE rollout_id = {rid:String} "
             "ORDER BY attempt_id, sequence_id")
 
 

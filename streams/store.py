@@ -886,24 +886,12 @@ class LitStore:
                 return PaginatedResult(items=[], limit=limit, offset=offset, total=0)
             attempt_id = latest.attempt_id
         await asyncio.to_thread(self._wait_for_sink)
-        must = [f"rollout_id = {_quote(rollout_id)}"]
-        if attempt_id is not None:
-            must.append(f"attempt_id = {_quote(attempt_id)}")
-        filters = []
-        for column, exact, contains in (("TraceId", trace_id, trace_id_contains), ("SpanId", span_id, span_id_contains),
-                                        ("ParentSpanId", parent_id, parent_id_contains),
-                                        ("SpanName", name, name_contains)):
-            if exact is not None:
-                filters.append(f"{column} = {_quote(exact)}")
-            if contains is not None:
-                filters.append(f"position({column}, {_quote(contains)}) > 0")
-        where = " AND ".join(must)
-        if filters:
-            where += " AND (" + f" {filter_logic.upper()} ".join(filters) + ")"
-        sql = f"SELECT raw_json FROM spans FINAL WHERE {where} ORDER BY sequence_id"
+        sql, parameters = _spans_sql(rollout_id, attempt_id, filter_logic, TraceId=(trace_id, trace_id_contains),
+                                     SpanId=(span_id, span_id_contains), ParentSpanId=(parent_id, parent_id_contains),
+                                     SpanName=(name, name_contains))
         # Through the chDB owner (the span sink), never by opening the directory from this process.
         res = await asyncio.to_thread(clickhouse.query, self.settings.resolved_clickhouse_dsn, sql, may_open=False,
-                                      wait_s=10.0)
+                                      wait_s=10.0, parameters=parameters)
         spans = [span_from_record(SpanRecorded.model_validate_json(r[0])) for r in res.rows]
         return _paginate(spans, sort_by, sort_order, limit, offset)
 
@@ -1004,8 +992,26 @@ class LitStore:
         return int(count), int(size)
 
 
-def _quote(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+def _spans_sql(rollout_id: str, attempt_id: str | None, logic: Literal["and", "or"],
+               **columns: tuple[str | None, str | None]) -> tuple[str, dict[str, str | int | float | list[str]]]:
+    """The spans query of a rollout (and attempt) with the filters given as ``column=(exact, contains)``: the
+    rollout and attempt always apply, the filters combine with ``logic``. Every value is a bound parameter."""
+    parameters: dict[str, str | int | float | list[str]] = {"rollout_id": rollout_id}
+    where = ["rollout_id = {rollout_id:String}"]
+    if attempt_id is not None:
+        parameters["attempt_id"] = attempt_id
+        where.append("attempt_id = {attempt_id:String}")
+    filters = []
+    for column, (exact, contains) in columns.items():
+        if exact is not None:
+            parameters[f"{column}_is"] = exact
+            filters.append(f"{column} = {{{column}_is:String}}")
+        if contains is not None:
+            parameters[f"{column}_has"] = contains
+            filters.append(f"position({column}, {{{column}_has:String}}) > 0")
+    if filters:
+        where.append("(" + f" {logic.upper()} ".join(filters) + ")")
+    return f"SELECT raw_json FROM spans FINAL WHERE {' AND '.join(where)} ORDER BY sequence_id", parameters
 
 
 def span_from_record(s: SpanRecorded) -> Span:

@@ -348,3 +348,21 @@ def test_span_columns_from_records_equal_those_from_models() -> None:
 def test_an_empty_result_keeps_its_columns(ch: ClickHouse) -> None:
     res = ch.user_query("SELECT SpanName, count() AS n FROM spans FINAL GROUP BY SpanName")
     assert res.columns == ["SpanName", "n"] and res.rows == []
+
+
+def test_values_are_bound_not_spliced_through_the_owner_api(tmp_path: Path) -> None:
+    from litstream.infra.clickhouse import query_api
+    from litstream.infra.clickhouse.api import serve_queries
+
+    owner = ClickHouse(f"chdb://{tmp_path / 'chdb'}", role="owner")
+    owner.migrate()
+    server = serve_queries(owner)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        tricky = "x' OR 1=1 --\\"
+        res = query_api(url, "SELECT {v:String} AS v, has({ids:Array(String)}, 'b') AS found",
+                        parameters={"v": tricky, "ids": ["a", "b"]})
+        assert res.rows == [[tricky, 1]]
+    finally:
+        server.shutdown()
+        owner.close()

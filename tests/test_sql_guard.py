@@ -58,3 +58,13 @@ def test_engine_errors_say_which_limit_and_what_to_do() -> None:
 def test_readonly_is_the_last_setting() -> None:
     """readonly=1 forbids changing any setting after it, so the limits go first."""
     assert list(QueryLimits().settings())[-1] == "readonly"
+
+
+def test_the_store_binds_every_value_of_a_spans_query() -> None:
+    from litstream.streams.store import _spans_sql
+
+    tricky = "ro-1' OR '1'='1"
+    sql, parameters = _spans_sql(tricky, "at-1", "or", SpanName=("chat", "x'"), TraceId=(None, None))
+    assert tricky not in sql and "x'" not in sql and "chat" not in sql  # values travel beside the statement
+    assert parameters == {"rollout_id": tricky, "attempt_id": "at-1", "SpanName_is": "chat", "SpanName_has": "x'"}
+    assert "(SpanName = {SpanName_is:String} OR position(SpanName, {SpanName_has:String}) > 0)" in sql

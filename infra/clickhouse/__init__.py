@@ -13,11 +13,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import clickhouse_connect
 import pyarrow as pa
@@ -45,7 +45,14 @@ CHDB_MALLOC_CONF = "dirty_decay_ms:1000"
 # more and took 3x the disk: not taken.)
 CHDB_MERGE_TREE = {"vertical_merge_algorithm_min_rows_to_activate": 1, "merge_max_block_size": 2048,
                    "merge_max_block_size_bytes": 2 << 20}
-MAX_READERS = 4  # user queries at once per owner (each on a reader session of its own)
+Parameters = dict[str, str | int | float | list[str]]  # values for a statement's {name:Type} placeholders
+MAX_READERS = 4
+
+
+class RunQuery(Protocol):
+    """Runs a read-only statement, its ``{name:Type}`` placeholders filled from ``parameters``."""
+
+    def __call__(self, sql: str, parameters: Parameters | None = None) -> QueryResult: ...  # user queries at once per owner (each on a reader session of its own)
 SPAN_TTL_DAYS = 180
 
 
@@ -195,17 +202,19 @@ class ClickHouse:
             res = self.client.query(sql)
         return _result(res)
 
-    def user_query(self, sql: str) -> QueryResult:
+    def user_query(self, sql: str, parameters: Parameters | None = None) -> QueryResult:
         """A person's SQL: one read statement (else :class:`UnsafeQueryError`), run on a reader session with
-        ``readonly=1`` and the limits; an engine error comes back as :class:`QueryError` saying what to do."""
+        ``readonly=1`` and the limits; an engine error comes back as :class:`QueryError` saying what to do.
+        ``parameters`` fill the statement's ``{name:Type}`` placeholders: values are bound, never spliced in."""
         statement = check_read_only(sql)
         client = self._reader()
         settings = None if self.path is not None else self.limits.settings()
         try:
-            out = _result(client.query(statement, settings=settings))
+            out = _result(client.query(statement, parameters=parameters, settings=settings))
             if not out.columns and statement.lstrip("( \n\t").upper().startswith(("SELECT", "WITH")):
                 # No rows: chDB sends no block, so no column names either; ask for them (a CSV keeps its header).
-                described = client.query(f"DESCRIBE ({statement})", settings=settings).result_rows
+                described = client.query(f"DESCRIBE ({statement})", parameters=parameters,
+                                         settings=settings).result_rows
                 out = QueryResult([str(r[0]) for r in described], [str(r[1]) for r in described], [])
         except Exception as exc:  # noqa: BLE001 (the engine's refusal, said plainly)
             raise QueryError(explain_error(str(exc), self.limits)) from None
@@ -269,22 +278,24 @@ class QueryError(RuntimeError):
 
 
 def query(dsn: str, sql: str, timeout: float = 60.0, may_open: bool = True, wait_s: float | None = None,
-          limits: QueryLimits | None = None) -> QueryResult:
+          limits: QueryLimits | None = None, parameters: Parameters | None = None) -> QueryResult:
     """Run a person's read-only query from any process: through the chDB owner's API when one runs, else (only
-    with ``may_open``, and only when the directory holds data) on a read-only session opened here."""
+    with ``may_open``, and only when the directory holds data) on a read-only session opened here. ``parameters``
+    fill the statement's ``{name:Type}`` placeholders."""
     with reader(dsn, timeout, may_open, wait_s=wait_s, limits=limits) as run:
-        return run(sql)
+        return run(sql, parameters)
 
 
-def user_sql(dsn: str, sql: str, timeout: float = 60.0, wait_s: float = 10.0) -> QueryResult:
+def user_sql(dsn: str, sql: str, timeout: float = 60.0, wait_s: float = 10.0,
+             parameters: Parameters | None = None) -> QueryResult:
     """A person's SQL from a service (the gateway's ``POST /v1/sql``): checked (:class:`UnsafeQueryError`), then
     run by the owner of a chDB directory, never by opening it here (:class:`NoOwnerError` while none serves)."""
-    return query(dsn, check_read_only(sql), timeout, may_open=False, wait_s=wait_s)
+    return query(dsn, check_read_only(sql), timeout, may_open=False, wait_s=wait_s, parameters=parameters)
 
 
 @contextmanager
 def reader(dsn: str, timeout: float = 60.0, may_open: bool = True, wait_s: float | None = None,
-           limits: QueryLimits | None = None) -> Iterator[Callable[[str], QueryResult]]:
+           limits: QueryLimits | None = None) -> Iterator[RunQuery]:
     """A query function for several of a person's queries in a row: through the owner's API when one runs, else
     on one connection opened for the whole block (opening chDB costs more than a small query).
 
@@ -292,7 +303,10 @@ def reader(dsn: str, timeout: float = 60.0, may_open: bool = True, wait_s: float
     up to ``wait_s`` and never open it here."""
     api = owner_api(dsn, wait_s=wait_s, wait_for_owner=not may_open)
     if api is not None:
-        yield lambda sql: query_api(api, check_read_only(sql), timeout)
+        def through_owner(sql: str, parameters: Parameters | None = None) -> QueryResult:
+            return query_api(api, check_read_only(sql), timeout, parameters)
+
+        yield through_owner
         return
     path = chdb_dir(dsn)
     if path is not None and not (path / "metadata").exists():
@@ -345,6 +359,6 @@ def call_api(api_url: str, route: str, body: dict[str, Any], timeout: float = 60
     return out
 
 
-def query_api(api_url: str, sql: str, timeout: float = 60.0) -> QueryResult:
-    body = call_api(api_url, "/sql", {"query": sql}, timeout)
+def query_api(api_url: str, sql: str, timeout: float = 60.0, parameters: Parameters | None = None) -> QueryResult:
+    body = call_api(api_url, "/sql", {"query": sql, **({"parameters": parameters} if parameters else {})}, timeout)
     return QueryResult(body["columns"], body["types"], body["rows"])

@@ -67,14 +67,15 @@ class _QueryHandler(BaseHTTPRequestHandler):
 
     def _sql(self, length: int) -> None:
         try:
-            sql = json.loads(self.rfile.read(length))["query"]
-            if not isinstance(sql, str) or not sql.strip():
+            body = json.loads(self.rfile.read(length))
+            sql, parameters = body["query"], body.get("parameters")
+            if not isinstance(sql, str) or not sql.strip() or not isinstance(parameters, dict | None):
                 raise ValueError
-        except (ValueError, KeyError, TypeError):
-            self._send(400, {"error": "body must be JSON {\"query\": \"SELECT ...\"}"})
+        except (ValueError, KeyError, TypeError, AttributeError):
+            self._send(400, {"error": "body must be JSON {\"query\": \"SELECT ...\", \"parameters\": {...}}"})
             return
         try:
-            self._send(200, self.ch.user_query(sql).to_json())
+            self._send(200, self.ch.user_query(sql, parameters).to_json())
         except Exception as exc:  # noqa: BLE001 (a bad query is the caller's error, reported back)
             self._send(400, {"error": str(exc).strip().splitlines()[0][:2000]})
 

@@ -48,18 +48,14 @@ GROUP BY s.resources_id, e.mode
 """
 SPAN_FACTS_SQL = """
 SELECT rollout_id, argMax(resources_id, sequence_id), argMaxIf(reward, sequence_id, reward IS NOT NULL)
-FROM spans FINAL WHERE rollout_id IN ({ids}) GROUP BY rollout_id
+FROM spans FINAL WHERE has({ids:Array(String)}, rollout_id) GROUP BY rollout_id
 """
-USING_SQL = "SELECT DISTINCT rollout_id FROM spans WHERE position(resources_id, {resources}) > 0"
+USING_SQL = "SELECT DISTINCT rollout_id FROM spans WHERE position(resources_id, {resources:String}) > 0"
 TRIPLETS_SQL = """
 SELECT attempt_id, `index`, policy_version, reward, prompt_text, response_text, length(prompt_token_ids),
        length(response_token_ids)
-FROM triplets FINAL WHERE rollout_id = {rid} ORDER BY attempt_id, `index`
+FROM triplets FINAL WHERE rollout_id = {rid:String} ORDER BY attempt_id, `index`
 """
-
-
-def sql_string(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _environment() -> jinja2.Environment:
@@ -92,8 +88,10 @@ class Dashboard:
     def page(self, template: str, title: str, active: str, **context: Any) -> web.Response:
         return self.render(template, title=title, active=active, **context)
 
-    async def sql(self, query: str) -> clickhouse.QueryResult:
-        return await asyncio.to_thread(clickhouse.user_sql, self.settings.resolved_clickhouse_dsn, query)
+    async def sql(self, query: str, parameters: clickhouse.Parameters | None = None) -> clickhouse.QueryResult:
+        """Read-only SQL through the chDB owner; values go in ``parameters`` ({name:Type} placeholders)."""
+        return await asyncio.to_thread(clickhouse.user_sql, self.settings.resolved_clickhouse_dsn, query,
+                                       parameters=parameters)
 
     def letters(self) -> DeadLetterFeed:
         """The dead-letter feed, started by the first page view or scrape that needs it."""
@@ -126,16 +124,15 @@ class Dashboard:
         cannot be read now (the list still shows)."""
         if not rollout_ids:
             return {}
-        ids = ", ".join(sql_string(r) for r in rollout_ids)
         try:
-            rows = (await self.sql(SPAN_FACTS_SQL.format(ids=ids))).rows
+            rows = (await self.sql(SPAN_FACTS_SQL, {"ids": list(rollout_ids)})).rows
         except Exception:  # noqa: BLE001 - missing columns beat a missing list
             return {}
         return {str(r[0]): (str(r[1]), None if r[2] is None else float(r[2])) for r in rows}
 
     async def rollouts_using(self, resources: str) -> frozenset[str]:
         try:
-            rows = (await self.sql(USING_SQL.format(resources=sql_string(resources)))).rows
+            rows = (await self.sql(USING_SQL, {"resources": resources})).rows
         except Exception:  # noqa: BLE001 - then the filter matches on what the rollouts asked for only
             return frozenset()
         return frozenset(str(r[0]) for r in rows)
@@ -161,7 +158,7 @@ class Dashboard:
         snap = self.store.rollouts.snapshots.get(rid)
         try:
             spans = (await self.store.query_spans(rid)).items
-            triplets = (await self.sql(TRIPLETS_SQL.format(rid=sql_string(rid)))).rows
+            triplets = (await self.sql(TRIPLETS_SQL, {"rid": rid})).rows
         except Exception as exc:  # noqa: BLE001 - the sink may be down: say so on the page
             return self.render("error.html", status=503, message=f"spans are not readable now: {exc}")
         finished = snap is not None and snap.status in ("succeeded", "failed", "cancelled")
