@@ -275,6 +275,17 @@ class RolloutEnqueued(Event):
     start_attempt_id: str | None = None  # start_rollout: begin at once with this attempt, no offer
     worker_id: str | None = None
 
+    @classmethod
+    def new(cls, factory: EventFactory, rollout_id: str, input: Any, *, mode: RolloutMode | None = None,
+            resources_id: str | None = None, config: RolloutConfig | None = None,
+            metadata: dict[str, Any] | None = None, start_attempt_id: str | None = None,
+            worker_id: str | None = None) -> Self:
+        """The event that enqueues (or, with ``start_attempt_id``, starts) a new rollout: the one way every
+        writer (the store, the SDK, the CLI, the trainer) builds it."""
+        return cls(meta=factory.meta(rollout_id), input=input, start_time=time.time(), mode=mode,
+                   resources_id=resources_id, config=AvroRolloutConfig(**(config.model_dump() if config else {})),
+                   metadata=metadata or {}, start_attempt_id=start_attempt_id, worker_id=worker_id)
+
 
 class RolloutStatusChanged(Event):
     avro_name = "litstream.RolloutStatusChanged"

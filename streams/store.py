@@ -447,10 +447,9 @@ class LitStore:
 
     def _enqueue_event(self, input: Any, mode: Any, resources_id: str | None, config: RolloutConfig | None,
                        metadata: dict[str, Any] | None, **start: Any) -> RolloutEnqueued:
-        return RolloutEnqueued(
-            meta=self.events.factory.meta(new_rollout_id()), input=input, start_time=time.time(), mode=mode,
-            resources_id=resources_id or self._latest_resources_id(),  # new rollouts get the latest resources
-            config=AvroRolloutConfig(**(config.model_dump() if config else {})), metadata=metadata or {}, **start)
+        return RolloutEnqueued.new(self.events.factory, new_rollout_id(), input, mode=mode, config=config,
+                                   resources_id=resources_id or self._latest_resources_id(),  # the latest, pinned
+                                   metadata=metadata, **start)
 
     # -- rollouts ------------------------------------------------------------------------------------------
 
