@@ -8,10 +8,12 @@ reward is 1.0 when the last number in the answer equals it, else 0.0 (``reward``
     3  level 2 or a product of two one-digit numbers
     4  two steps: a + b - c, numbers 10-99
 
-    python -m examples.arithmetic_agent data --level 2            # examples/data/arithmetic_{train,val}.jsonl
-    python -m examples.arithmetic_agent measure --val examples/data/arithmetic_val.jsonl --samples 4
-    litstream train --agent examples.arithmetic_agent:arithmetic_agent --model smollm2 \\
+    python -m examples.arithmetic_agent data --level 1            # examples/data/arithmetic_{train,val}.jsonl
+    python -m examples.arithmetic_agent measure --samples 4 --temperature 0.5
+    litstream train --agent examples.arithmetic_agent:arithmetic_agent --model smollm2 --temperature 0.5 \\
                     --train examples/data/arithmetic_train.jsonl --val examples/data/arithmetic_val.jsonl
+
+Untrained, level 1 scores 0.063 +- 0.016 at temperature 1 and 0.125 +- 0.032 at 0.5 (docs/training.md).
 
 ``measure`` scores the untrained SmolLM2-135M-Instruct on a task file through the policy server's generation
 path (its chat template, its batched torch engine) without the rest of the stack, and reports the mean reward
@@ -34,8 +36,11 @@ from typing import Any
 import openai
 
 LEVELS = (1, 2, 3, 4)
-MAX_TOKENS = 48  # enough for a sentence and the number; generation on a CPU is slow
+MAX_TOKENS = 16  # the number and a few words; generation on a CPU is slow
 INSTRUCTION = "Answer with the number."
+# One worked exchange before the question: without it, SmolLM2-135M sampled at temperature 1 wanders off into
+# stories (measured: 0.04 on level 1, 0.016 on level 2, 48-token answers).
+EXAMPLE = ("Kim has 4 cards and gets 3 more. How many cards does Kim have now?", "7")
 DATA_DIR = Path(__file__).parent / "data"
 
 _NAMES = ("Tom", "Ana", "Sam", "Mia", "Leo", "Zoe", "Ben", "Ivy", "Max", "Eva", "Raj", "Kim")
@@ -84,6 +89,12 @@ def render_prompt(task: dict[str, Any]) -> str:
     return f"{task['question']} {INSTRUCTION}"
 
 
+def messages(task: dict[str, Any]) -> list[dict[str, str]]:
+    """The chat: the worked example, then the task's question."""
+    return [{"role": "user", "content": f"{EXAMPLE[0]} {INSTRUCTION}"}, {"role": "assistant", "content": EXAMPLE[1]},
+            {"role": "user", "content": render_prompt(task)}]
+
+
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
@@ -109,7 +120,7 @@ def arithmetic_agent(task: dict[str, Any], llm: Any) -> float:
     client = openai.OpenAI(base_url=llm.endpoint, api_key=llm.api_key or "unused", max_retries=2)
     sampling = dict(getattr(llm, "sampling_parameters", None) or {})
     answer = client.chat.completions.create(
-        model=llm.model, messages=[{"role": "user", "content": render_prompt(task)}],
+        model=llm.model, messages=messages(task),  # type: ignore[arg-type]
         max_tokens=min(int(sampling.get("max_tokens", MAX_TOKENS)), MAX_TOKENS),
         temperature=float(sampling.get("temperature", 1.0)))
     return reward(task, answer.choices[0].message.content or "")
@@ -150,7 +161,8 @@ def measure(tasks: list[dict[str, Any]], samples: int, temperature: float, batch
     policy = load_smollm2()
     backend = torch_backend(TorchEngine(policy.model, policy.tokenizer), "smollm2")
     load_s = time.perf_counter() - t0
-    prompts = [backend.chat_prompt([("user", render_prompt(t))]) for t in tasks for _ in range(samples)]
+    prompts = [backend.chat_prompt([(m["role"], m["content"]) for m in messages(t)]) for t in tasks
+               for _ in range(samples)]
     owners = [i for i in range(len(tasks)) for _ in range(samples)]
     texts: list[str] = []
     new_tokens = 0
@@ -177,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     data = sub.add_parser("data", help="write the train and validation JSONL files")
-    data.add_argument("--level", type=int, choices=LEVELS, default=2)
+    data.add_argument("--level", type=int, choices=LEVELS, default=1)
     data.add_argument("--train", type=int, default=256, help="training tasks")
     data.add_argument("--val", type=int, default=64, help="validation tasks")
     data.add_argument("--seed", type=int, default=0, help="the training set's seed (validation: seed + 1)")
