@@ -28,7 +28,7 @@ from litstream.trainer import toy_task
 from litstream.trainer.algorithm import GRPO, History
 
 from .demo import spans_emitted_and_stored
-from .trainer import Trainer
+from .trainer import Trainer, outcome_lines
 
 AGENT = "litstream.workers.policy_agent:toy_policy_agent"
 
@@ -250,15 +250,10 @@ def print_result(result: LoopDemoResult, as_json: bool) -> None:
         table.add_row(f"v{v}", str(result.rollouts_by_version.get(v, 0)), f"{r:.3f}", "#" * round(r * 40))
     out.print(table)
     extra = result.extra
-    best = extra.get("best")
     if extra.get("last3_mean_reward") is not None:
         out.print(f"mean reward of the last three versions: {extra['last3_mean_reward']:.3f}")
-    if best:
-        out.print(f"best validated version: v{best['version']} (validation {best['validation']:.3f}); published as "
-                  f"{best.get('resources_id') or '(not published)'}, checkpoint {best.get('checkpoint')}")
-    for key in ("stopped", "no_signal"):
-        if extra.get(key):
-            out.print(f"{key.replace('_', ' ')}: {extra[key]}")
+    for line in outcome_lines(extra):
+        out.print(line)
     if extra.get("interrupted"):
         out.print("interrupted: stopped on request (Ctrl-C or SIGTERM); the table shows what was done")
     out.print(f"rollouts {result.rollouts} {result.by_status}   spans emitted {result.spans_emitted}   "

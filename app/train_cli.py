@@ -125,7 +125,7 @@ def train(agent: str | None, train_path: Path, val_path: Path | None, algorithm:
     Ctrl-C stops cleanly at any point: every process the run started is stopped, the summary is printed, and
     checkpoints and the event log keep what was done.
     """
-    from .trainer import Trainer, load_dataset
+    from .trainer import Trainer, load_dataset, outcome_lines
 
     err = Console(stderr=True)
     if agent is None and not (with_gateway and runners == 0):
@@ -156,13 +156,8 @@ def train(agent: str | None, train_path: Path, val_path: Path | None, algorithm:
         e = val[last]
         se = f" ± {e['se']:.3f}" if e.get("se") is not None else ""
         out.print(f"last validation v{last}: {e['mean']:.3f}{se} ({e['tasks']} tasks × {e['samples']})")
-    best = extra.get("best")
-    if best:
-        out.print(f"best validated version: v{best['version']} ({best['validation']:.3f}), published as "
-                  f"{best.get('resources_id') or '(not published: stopped)'}; checkpoint {best.get('checkpoint')}")
-    for key in ("stopped", "no_signal"):
-        if extra.get(key):
-            out.print(f"{key.replace('_', ' ')}: {escape(str(extra[key]))}")
+    for line in outcome_lines(extra):
+        out.print(line)
     for w in extra.get("warnings") or []:
         out.print(f"[yellow]warning:[/] {escape(w)}")
     out.print(f"rollouts {summary.rollouts} {summary.by_status}; took {summary.seconds:.0f}s"

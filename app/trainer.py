@@ -216,6 +216,23 @@ class StackDriver:
         self.console.print(f"  [bold]{message}[/]")
 
 
+def outcome_lines(extra: dict[str, Any]) -> list[str]:
+    """What a run's summary says beyond its table (rich markup, values escaped): the best validated version and
+    where it was published, why the run stopped, and the verdict when it had no learning signal."""
+    from rich.markup import escape
+
+    lines = []
+    best = extra.get("best")
+    if best:
+        lines.append(f"best validated version: v{best['version']} ({best['validation']:.3f}), published as "
+                     f"{escape(str(best.get('resources_id') or '(not published: stopped)'))}; checkpoint "
+                     f"{escape(str(best.get('checkpoint')))}")
+    for key in ("stopped", "no_signal"):
+        if extra.get(key):
+            lines.append(f"{key.replace('_', ' ')}: {escape(str(extra[key]))}")
+    return lines
+
+
 @dataclass
 class FitSummary:
     algorithm: str
