@@ -7,8 +7,8 @@ start_time (from the claim) + 1 s; two moments are taken from the snapshot that 
 
 * fired: its ``updated_ns``, the timestamp of the AttemptStatusChanged the processor's timer wrote to the log
   (the processor's clock; its timers tick every 100 ms);
-* visible: when that snapshot arrived in this process's view of rollout-state (the store's read model), i.e. when
-  a get_rollout_by_id/query_rollouts here would return it.
+* visible: when the store's replica of the fold (its read model, folding rollout-events) applied that event, i.e.
+  when a get_rollout_by_id/query_rollouts here would return it.
 
 Agent Lightning 0.3.0: InMemoryLightningStore only looks for timeouts at the start of its health-checked methods,
 at most once per scan_debounce_seconds. The same M rollouts are enqueued with timeout_seconds=1 and claimed at
@@ -29,8 +29,8 @@ from typing import Any
 from rich.table import Table
 
 from litstream.infra.settings import Settings
-from litstream.schemas.events import RolloutSnapshot
 from litstream.schemas.models import EnqueueRolloutRequest, RolloutConfig
+from litstream.streams.rollout_replica import Folded
 
 from .harness import Context, Report, Row
 from .lifecycle import AGL, agl_baseline, claim, latency_summary, open_store, pipeline
@@ -62,17 +62,14 @@ class Seen:
 async def litstream_latencies(ctx: Context, sizes: Sizes, settings: Settings) -> dict[str, Seen]:
     store = await open_store(settings)
     seen: dict[str, Seen] = {}
-    view = store.rollouts
-    folded = view.on_record
-
-    def on_record(snap: RolloutSnapshot) -> None:  # runs on the view's follower thread, for every snapshot
-        folded(snap)
-        attempt = snap.attempts[-1] if snap.attempts else None
-        if attempt is not None and attempt.status == "timeout" and snap.rollout_id not in seen:
+    def on_fold(done: Folded) -> None:  # runs on the replica's follower thread, for every accepted event
+        snap = done.snapshot
+        attempt = snap.attempts[-1] if snap is not None and snap.attempts else None
+        if snap is not None and attempt is not None and attempt.status == "timeout" and snap.rollout_id not in seen:
             seen[snap.rollout_id] = Seen(deadline=attempt.start_time + sizes.timeout_s,
                                          fired=snap.updated_ns / 1e9, visible=time.time())
 
-    view.on_record = on_record  # type: ignore[method-assign]
+    store.rollouts.on_fold(on_fold)
     try:
         config = RolloutConfig(timeout_seconds=sizes.timeout_s)
         ctx.step(f"litstream: {sizes.m} rollouts with timeout_seconds={sizes.timeout_s:g}, claimed, never finished")
@@ -95,7 +92,6 @@ async def litstream_latencies(ctx: Context, sizes: Sizes, settings: Settings) ->
         if statuses != {"failed"}:  # no retries configured: a timed-out attempt fails its rollout
             raise RuntimeError(f"rollouts ended {sorted(statuses)}, expected failed")
     finally:
-        view.on_record = folded  # type: ignore[method-assign]
         await store.close()
     return seen
 

@@ -13,9 +13,12 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+import os
+import signal
 import time
 import traceback
 from collections import OrderedDict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,33 +30,26 @@ from litstream.infra.client_config import faust_group_config
 from litstream.infra.failpoints import failpoint
 from litstream.infra.metrics import StatSeries
 from litstream.infra.producer import EventProducer
+from litstream.infra.service import Service
 from litstream.infra.settings import Settings
 from litstream.infra.topics import LIFECYCLE_TABLE, Topics
-from litstream.schemas.codec import Codec, DecodeError, default_codec
+from litstream.schemas.codec import Codec, default_codec
 from litstream.schemas.events import (
-    AttemptHeartbeat,
-    AttemptStarted,
     AttemptStatusChanged,
-    AttemptUpdated,
     EventFactory,
-    RolloutEnqueued,
     RolloutOffered,
-    RolloutStatusChanged,
-    RolloutUpdated,
     SequenceRequested,
-    WorkerObserved,
 )
 from litstream.schemas.models import FINISHED, RUNNING
 
 from . import faust_patches, fold, table_store
 from .deadletter import DeadLetter
 from .decisions import due, next_deadline
+from .log_records import Unfoldable, lifecycle_event
 from .state import RolloutState
-from .workers import worker_status_for
+from .workers import attempt_observations
 
 log = logging.getLogger("litstream.lifecycle")
-LIFECYCLE_EVENTS = (RolloutEnqueued, RolloutStatusChanged, AttemptStarted, AttemptHeartbeat, AttemptStatusChanged,
-                    RolloutUpdated, AttemptUpdated, SequenceRequested)
 ROLE = "lifecycle"
 TICK_S = 0.1  # timer resolution: a deadline is seen at most this late (plus the trip through the log)
 # Outputs wait (and batch) up to this long while the source partition has more events to fold, and go out at once
@@ -96,8 +92,9 @@ def faust_broker_credentials(settings: Settings) -> dict[str, Any]:
 class LifecycleProcessor:
     """The thin Faust edge around the pure fold."""
 
-    def __init__(self, settings: Settings, codec: Codec | None = None) -> None:
+    def __init__(self, settings: Settings, codec: Codec | None = None, loglevel: str = "info") -> None:
         self.settings = settings
+        self.loglevel = loglevel
         self.topics = Topics(settings.topic_prefix)
         self.codec = codec or default_codec(settings.schema_registry_url)
         self.factory = EventFactory(settings.producer_id, role=ROLE)
@@ -154,9 +151,22 @@ class LifecycleProcessor:
         self._states: OrderedDict[str, RolloutState] = OrderedDict()
         self.app.on_partitions_revoked.connect(self._forget_states)
         self.app.on_partitions_assigned.connect(self._forget_states)
+        self.heartbeat = health.Heartbeat(settings.data_dir, ROLE, self.report)
+
+    def report(self) -> Mapping[str, Any]:
+        return dict(self.stats)
+
+    def run(self) -> None:
+        """Faust's worker, in the foreground until SIGTERM or SIGINT (its own handlers stop it)."""
+        from faust.worker import Worker
+
+        Worker(self.app, loglevel=self.loglevel, quiet=True).execute_from_commandline()
+
+    def stop(self) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)  # the worker's signal handler is its stop
 
     async def _beat(self) -> None:
-        health.beat(self.settings.data_dir, ROLE, **self.stats)
+        self.heartbeat()
 
     async def _report_lag(self) -> None:
         """The source topic's lag, from the fetch high-water marks aiokafka keeps (no request of its own) and
@@ -196,17 +206,9 @@ class LifecycleProcessor:
         def dead(reason: str, kind: str) -> DeadLetter:
             return DeadLetter(topic, partition, offset, key, value, reason, ROLE, kind)
 
-        try:
-            event = self.codec.decode(value)
-        except DecodeError as exc:
-            await self._dead_letter(dead(exc.reason, "decode"))
-            return
-        if not isinstance(event, LIFECYCLE_EVENTS):
-            await self._dead_letter(dead(f"{type(event).__name__} does not belong on {topic}", "invalid"))
-            return
-        if key is None or key.decode(errors="replace") != event.rollout_id:
-            await self._dead_letter(dead(f"message key {key!r} is not the event's rollout id {event.rollout_id}",
-                                         "invalid"))
+        event = lifecycle_event(self.codec, topic, key, value)
+        if isinstance(event, Unfoldable):
+            await self._dead_letter(dead(event.reason, event.kind))
             return
         rid = event.rollout_id
         try:
@@ -265,16 +267,8 @@ class LifecycleProcessor:
 
     async def _observe_worker(self, event: Any, before: RolloutState | None, after: RolloutState) -> None:
         """Workers are derived from attempts: tell the workers topic when an attempt's status or worker changed."""
-        old = {a.attempt_id: a for a in before.attempts} if before is not None else {}
-        for a in after.attempts:
-            prev = old.get(a.attempt_id)
-            if not a.worker_id or (prev is not None and (prev.status, prev.worker_id) == (a.status, a.worker_id)):
-                continue
-            obs = WorkerObserved.trusted(**self.factory.stamp(), worker_id=a.worker_id,
-                                         time=event.meta.timestamp_ns / 1e9, kind="dequeue" if prev is None else "attempt",
-                                         status=worker_status_for(a.status), rollout_id=after.rollout_id,
-                                         attempt_id=a.attempt_id, heartbeat_stats=None)
-            self._output(self.topics.workers, a.worker_id, obs)
+        for obs in attempt_observations(before, after, event.meta.timestamp_ns / 1e9, self.factory.stamp):
+            self._output(self.topics.workers, obs.worker_id, obs)
 
     def _output(self, topic: str, key: str, record: Any) -> None:
         self.outputs.produce_raw(topic, key.encode(), self.codec.encode(record))
@@ -406,17 +400,18 @@ LIFECYCLE_SERIES = {
 
 
 def run(settings: Settings, loglevel: str = "info") -> None:
-    """Run the processor in the foreground until interrupted."""
-    from faust.worker import Worker
+    """Run the processor in the foreground until interrupted; ready once its table is recovered."""
+    Service(settings, ROLE, LIFECYCLE_SERIES, ready_when_built=False, own_signals=True).run(
+        lambda s: start_lifecycle(s, loglevel))
 
-    metrics.serve(settings, ROLE)
-    processor = LifecycleProcessor(settings)
-    metrics.expose_stats(ROLE, lambda: processor.stats, LIFECYCLE_SERIES)
-    health.beat(settings.data_dir, ROLE, starting=True, started=time.time())
+
+def start_lifecycle(settings: Settings, loglevel: str) -> LifecycleProcessor:
+    """The processor, its local table copy dropped if it is ahead of its changelog (a log that was reset)."""
+    processor = LifecycleProcessor(settings, loglevel=loglevel)
     if settings.table_store == "rocksdb":
         try:
             table_store.discard_if_ahead(settings, Path(processor.app.conf.tabledir), LIFECYCLE_TABLE,
                                          processor.topics.lifecycle_changelog)
         except KafkaException as exc:  # the broker is not up yet: Faust waits for it; the copy is kept
             log.warning("could not compare the local table copy with its changelog (%s); keeping it", exc)
-    Worker(processor.app, loglevel=loglevel, quiet=True).execute_from_commandline()
+    return processor

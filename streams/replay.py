@@ -13,11 +13,11 @@ from litstream.infra.clickhouse import ClickHouse, call_api, owner_api
 from litstream.infra.kafka import read_to_end
 from litstream.infra.settings import Settings
 from litstream.infra.topics import Topics
-from litstream.schemas.codec import Codec, DecodeError, default_codec
+from litstream.schemas.codec import Codec, default_codec
 from litstream.schemas.events import Event, RolloutSnapshot
 
 from . import fold
-from .lifecycle import LIFECYCLE_EVENTS
+from .log_records import Unfoldable, lifecycle_event
 from .sink_tables import SinkBatch, sink_topics
 from .state import RolloutState
 from .stateview import StateView
@@ -74,19 +74,16 @@ def replay(settings: Settings, codec: Codec | None = None) -> ReplayResult:
     codec = codec or default_codec(settings.schema_registry_url)
     result = ReplayResult()
     t0 = time.perf_counter()
-    for msg in read_to_end(settings, Topics(settings.topic_prefix).rollout_events, timeout=600):
-        try:
-            event = codec.decode(msg.value())
-        except DecodeError:
+    topic = Topics(settings.topic_prefix).rollout_events
+    for msg in read_to_end(settings, topic, timeout=600):
+        event = lifecycle_event(codec, topic, msg.key(), msg.value())
+        if not isinstance(event, Unfoldable):
+            result.apply(event)
+        elif event.undecodable:
             result.undecodable += 1
-            continue
-        if not isinstance(event, LIFECYCLE_EVENTS):
-            result.undecodable += 1
-        elif (key := msg.key()) is None or key.decode(errors="replace") != event.rollout_id:
+        else:
             result.events += 1  # the processor dead-letters a message keyed by another id: the fold never sees it
             result.rejected += 1
-        else:
-            result.apply(event)
     result.seconds = time.perf_counter() - t0
     return result
 

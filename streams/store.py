@@ -65,11 +65,11 @@ from litstream.schemas.models import (
     new_rollout_id,
 )
 
-from . import fold
 from .resources import to_records
+from .rollout_replica import Folded, RolloutReplica
 from .state import rollout_from_snapshot
-from .views import ResourcesView, RolloutsView, TopicFollower, WorkersView
-from .workers import worker_status_for
+from .views import ResourcesView, TopicFollower, WorkersView
+from .workers import attempt_observations
 
 log = logging.getLogger("litstream.store")
 T = TypeVar("T")
@@ -82,7 +82,6 @@ class _Unset:
 
 UNSET: Any = _Unset()
 SortOrder = Literal["asc", "desc"]
-WORKER_WAIT_S = 10.0  # at most this long a write waits for its worker record
 # The store's producer: a call waits for its records, so any linger is pure latency (measured on the embedded
 # broker: acknowledged in 0.26 ms at linger 0, 1.4 ms at 1, 5.7 ms at 5); under load the records of concurrent
 # calls still share batches, queued while earlier requests are in flight.
@@ -290,9 +289,12 @@ class LitStore:
         self.wait_s = wait_s
         self.events = EventProducer(settings, "store", None, **{"linger.ms": STORE_LINGER_MS})
         self.codec = self.events.codec
-        self.rollouts = RolloutsView(settings, self.codec)
+        self.rollouts = RolloutReplica(settings, self.codec)  # answers this store's writes after one trip
         self.resources = ResourcesView(settings, self.codec)
         self.workers = WorkersView(settings, self.codec)
+        # Workers are derived from attempts: every change the replica folds is shown here at once (the processor's
+        # own observations of the same changes follow on the workers topic and change nothing).
+        self.rollouts.on_fold(self._observe_attempts)
         self._offers: Any = None
         self._offer_ends = PartitionEnds()  # offer partitions read to their end: the queue is empty there
         self._offer_ledger = OfferLedger()
@@ -306,7 +308,9 @@ class LitStore:
         self._span_keys: OrderedDict[_SpanKey, None] = OrderedDict()  # own writes, bounded
         self._span_offsets: dict[int, int] = {}  # spans partition -> highest offset this store wrote
         self._beats: OrderedDict[tuple[str, str], float] = OrderedDict()  # attempt -> when spans last beat it
-        self._unfolded: dict[str, RolloutSnapshot] = {}  # rollouts enqueued here, by their provisional snapshot
+        # Rollouts enqueued here whose offer this store has not read yet: rollout id -> (partition, when).
+        self._unoffered: OrderedDict[str, tuple[int, float]] = OrderedDict()
+        self._unoffered_lock = threading.Lock()
         self._started = time.time()
         # Delivery reports are served by a thread of their own, so a call waits for its acknowledgement (or its
         # failure) as an asyncio future, not by flushing the producer from a thread of the pool.
@@ -337,25 +341,43 @@ class LitStore:
 
     # -- writing through the log ---------------------------------------------------------------------------
 
-    async def _write(self, event: Event) -> RolloutSnapshot:
-        """Produce a lifecycle event and return the snapshot that followed it (accepted or not), once the worker
-        records it changed show the change too."""
-        before = self.rollouts.snapshots.get(event.rollout_id)
+    async def _write(self, event: Event) -> Folded:
+        """Produce a lifecycle event and return what it did (accepted or not), folded in log order."""
         (fut,) = self._send_lifecycle([event])
-        after = await self._outcome(fut, event)
-        if after.last_accepted:
-            await self._workers_caught_up([(before, after)])
-        return after
+        return await self._outcome(fut, event)
 
-    def _send_lifecycle(self, events: Sequence[Event]) -> list[Future[RolloutSnapshot]]:
-        """Produce lifecycle events; a future per event gets the snapshot that follows it, or the delivery's
-        failure. No flush: the snapshot can only follow an event the broker has stored."""
+    def _send_lifecycle(self, events: Sequence[Event]) -> list[Future[Folded]]:
+        """Produce lifecycle events; a future per event gets what it did, or the delivery's failure. The replica
+        folds an event as soon as the broker acknowledges it, if nothing else came before it (module docstring of
+        ``rollout_replica``)."""
         futures = []
         for event in events:
             fut = self.rollouts.expect(event.meta.event_id)
-            self.events.send(self.events.topics.rollout_events, event, on_delivery=_fail_on_error(fut))
+            self.events.send(self.events.topics.rollout_events, event, on_delivery=self._folds_when_stored(event, fut))
             futures.append(fut)
         return futures
+
+    def _folds_when_stored(self, event: Event, fut: Future[Folded] | None) -> Callable[[Any, Any], None]:
+        """The delivery callback of every lifecycle event this store writes (``fut``: the waiter of its answer, if
+        any): each acknowledgement lets the replica fold it at once, and keeps that possible for the next."""
+        def report(err: Any, msg: Any) -> None:
+            if err is not None:
+                if fut is not None:
+                    self.rollouts.forget(event.meta.event_id)
+                    _fail_on_error(fut)(err, msg)
+                return
+            partition = int(msg.partition() or 0)
+            if isinstance(event, RolloutEnqueued):
+                with self._unoffered_lock:
+                    self._unoffered[event.rollout_id] = (partition, time.monotonic())
+            self.rollouts.acknowledged(partition, int(msg.offset() or 0), event)
+
+        return report
+
+    def _observe_attempts(self, done: Folded) -> None:
+        if done.after is not None and done.after.attempts:
+            at = done.after.updated_ns / 1e9
+            self.workers.observe(attempt_observations(done.before, done.after, at, self.events.factory.stamp))
 
     def _acks(self, n: int) -> tuple[asyncio.Future[None], Callable[[Any, Any], None]]:
         """A future resolved once ``n`` records are acknowledged (or failed at the first failure), and the
@@ -400,26 +422,7 @@ class LitStore:
         except TimeoutError:
             return None
 
-    async def _workers_caught_up(self, changes: list[tuple[RolloutSnapshot | None, RolloutSnapshot]]) -> None:
-        """Read-your-writes of workers: the lifecycle processor tells the workers topic of every attempt whose status
-        or worker changed, right after the snapshot; wait until this store's view has those observations (bounded:
-        a late observation is applied when it comes, it does not fail a write that was accepted)."""
-        wanted: set[tuple[str, str, str]] = set()
-        for before, after in changes:
-            old = {a.attempt_id: a for a in before.attempts} if before is not None else {}
-            for a in after.attempts:
-                prev = old.get(a.attempt_id)
-                if a.worker_id and (prev is None or (prev.status, prev.worker_id) != (a.status, a.worker_id)):
-                    wanted.add((a.worker_id, a.attempt_id, worker_status_for(a.status)))
-        if not wanted:
-            return
-
-        def seen() -> bool | None:
-            return True if all(w in self.workers.observed for w in wanted) else None
-
-        await self._until(self.workers, seen, min(self.wait_s, WORKER_WAIT_S))
-
-    async def _outcome(self, fut: Future[RolloutSnapshot], event: Event) -> RolloutSnapshot:
+    async def _outcome(self, fut: Future[Folded], event: Event) -> Folded:
         try:
             return await asyncio.wait_for(asyncio.wrap_future(fut), timeout=self.wait_s)
         except StoreError:
@@ -427,14 +430,14 @@ class LitStore:
             raise
         except TimeoutError:
             self.rollouts.forget(event.meta.event_id)
-            raise StoreError(f"no answer from the lifecycle processor within {self.wait_s:.0f}s for "
-                             f"{type(event).__name__} of {event.rollout_id}; is it running? (litstream status)") from None
+            raise StoreError(f"no answer within {self.wait_s:.0f}s for {type(event).__name__} of {event.rollout_id}: "
+                             "the log was not read back to it; is the broker up? (litstream status)") from None
 
     @staticmethod
-    def _accepted(snap: RolloutSnapshot) -> RolloutSnapshot:
-        if not snap.last_accepted:
-            raise ValueError(snap.last_reason or "rejected")
-        return snap
+    def _accepted(done: Folded) -> RolloutSnapshot:
+        if not done.accepted or done.snapshot is None:
+            raise ValueError(done.reason or "rejected")
+        return done.snapshot
 
     def _known(self, rollout_id: str) -> RolloutSnapshot:
         snap = self.rollouts.snapshots.get(rollout_id)
@@ -463,26 +466,10 @@ class LitStore:
                                     for r in rollouts])
 
     async def _enqueue(self, events: list[RolloutEnqueued]) -> list[Rollout]:
-        """Enqueue new rollouts. Nothing can refuse one (its id is new), so its state is known before the lifecycle
-        processor folds it: the pure fold gives the state the processor will compute. The call returns once the
-        broker holds the events, and this store's view shows the rollouts at once (read-your-writes) until the
-        processor's snapshots take their place. A processor that is down delays the offer, not the enqueue."""
-        snaps = []
-        for event in events:
-            outcome = fold.apply(None, event)
-            if not outcome.accepted or outcome.state is None:  # the fold's rule for a new id: never, but say so
-                raise ValueError(outcome.reason or "rejected")
-            snaps.append(outcome.state.snapshot(event.meta))
-        acked, report = self._acks(len(events))
-        for event in events:
-            self.events.send(self.events.topics.rollout_events, event, on_delivery=report)
-        await self._acknowledged(acked, "the enqueued rollouts")
-        self.rollouts.provisional(snaps)
-        for snap in snaps:
-            self._unfolded[snap.rollout_id] = snap
-        while len(self._unfolded) > 100_000:  # bounded: the oldest were folded long ago, or the processor is down
-            self._unfolded.pop(next(iter(self._unfolded)))
-        return [rollout_from_snapshot(snap) for snap in snaps]
+        """Enqueue new rollouts; returns once the broker holds them and the replica has folded them (nothing can
+        refuse a new id). A processor that is down delays the offer, not the enqueue."""
+        futures = self._send_lifecycle(events)
+        return [rollout_from_snapshot(self._accepted(await self._outcome(f, e))) for f, e in zip(futures, events)]
 
     async def start_rollout(self, input: Any, mode: Any = None, resources_id: str | None = None,
                             config: RolloutConfig | None = None, metadata: dict[str, Any] | None = None,
@@ -515,7 +502,6 @@ class LitStore:
         """
         out: list[AttemptedRollout] = []
         loop = asyncio.get_running_loop()
-        await self._own_enqueues_folded()
         while len(out) < limit:
             async with self._dequeue_lock:
                 offers = await loop.run_in_executor(self._offers_thread, self._next_offers, limit - len(out))
@@ -524,40 +510,19 @@ class LitStore:
             claims = [AttemptStarted(meta=self.events.factory.meta(o.rollout_id), attempt_id=new_attempt_id(),
                                      sequence_id=o.attempt_sequence, start_time=time.time(), worker_id=worker_id)
                       for o, _ in offers]
-            befores = [self.rollouts.snapshots.get(o.rollout_id) for o, _ in offers]
             futures = self._send_lifecycle(claims)
             try:
-                snaps = [await self._outcome(f, c) for f, c in zip(futures, claims)]
+                answers = [await self._outcome(f, c) for f, c in zip(futures, claims)]
             finally:  # every claim's outcome is known (or given up on): those offers are handled, whoever won
                 self._commit_offers(self._offer_ledger.handled(where for _, where in offers))
-            await self._workers_caught_up([(b, a) for b, a in zip(befores, snaps) if a.last_accepted])
-            for snap in snaps:
-                if snap.last_accepted:
-                    result = rollout_from_snapshot(snap)
+            for done in answers:
+                if done.accepted and done.snapshot is not None:
+                    result = rollout_from_snapshot(done.snapshot)
                     assert isinstance(result, AttemptedRollout)
                     out.append(result)
         if not out and worker_id is not None:
             await self._observe_worker(worker_id, "empty_dequeue")
         return out
-
-    async def _own_enqueues_folded(self) -> None:
-        """Wait (bounded) until the processor has folded the rollouts enqueued here, so a dequeue right after an
-        enqueue finds its offer, as in the reference."""
-        if not self._unfolded:
-            return
-        pending = dict(self._unfolded)
-
-        def folded() -> bool | None:
-            return True if all(self.rollouts.snapshots.get(rid) is not snap for rid, snap in pending.items()) else None
-
-        if await self._until(self.rollouts, folded, self.wait_s) is None:
-            # Not folded in time (the processor is down, far behind, or dead-lettered them): stop waiting for
-            # these, or every later dequeue would wait as long; their offers come whenever they are folded.
-            log.warning("%d rollouts enqueued here were not folded within %.0fs; dequeues no longer wait for them",
-                        sum(1 for rid, snap in pending.items() if self.rollouts.snapshots.get(rid) is snap), self.wait_s)
-        for rid, snap in pending.items():
-            if self._unfolded.get(rid) is snap:
-                del self._unfolded[rid]
 
     def _commit_offers(self, positions: dict[int, int]) -> None:
         """Commit the offers consumer's positions on its thread, not waited for: a lost commit only means an
@@ -591,11 +556,14 @@ class LitStore:
                 if not msgs:
                     break
                 self._queue_offers(msgs)
-            if len(self._offer_queue) and self._offer_partitions_heard:
-                return self._offer_queue.pop(limit)
             assigned = {tp.partition for tp in self._offers.assignment()}
+            own_coming = self._own_offers_coming(assigned)
+            if len(self._offer_queue) and self._offer_partitions_heard and not own_coming:
+                return self._offer_queue.pop(limit)
             waited = time.monotonic() - start
-            if len(self._offer_queue):
+            if own_coming:
+                pass  # an offer of a rollout enqueued here is on its way to this consumer: wait for it
+            elif len(self._offer_queue):
                 # Just assigned, a partition may not have answered yet: an older offer may be on its way there.
                 self._offer_partitions_heard = assigned <= self._offer_ends.at_end | self._offer_heard
                 if self._offer_partitions_heard or waited >= OFFER_ORDER_WAIT_S:
@@ -605,6 +573,23 @@ class LitStore:
             msg = self._offers.poll(0.02)
             if msg is not None:
                 self._queue_offers([msg])
+
+    def _own_offers_coming(self, assigned: set[int]) -> bool:
+        """Whether a rollout enqueued here awaits its offer on a partition this consumer reads, so a dequeue right
+        after an enqueue finds it, as in the reference. Bounded: after ``wait_s`` (the processor is down, far
+        behind, or dead-lettered it) it is no longer waited for; its offer comes whenever it is folded."""
+        with self._unoffered_lock:
+            if not self._unoffered:
+                return False
+            now = time.monotonic()
+            while self._unoffered:
+                rid, (_, since) = next(iter(self._unoffered.items()))
+                if now - since < self.wait_s:
+                    break
+                del self._unoffered[rid]
+                log.warning("rollout %s enqueued here was not offered within %.0fs; dequeues no longer wait for "
+                            "it", rid, self.wait_s)
+            return any(p in assigned for p, _ in self._unoffered.values())
 
     def _join_offers(self) -> None:
         self._offers = consumer(self.settings, group_id=f"{self.settings.topic_prefix}-runners",
@@ -628,6 +613,9 @@ class LitStore:
             offer = self._decode_offer(msg.value())
             if offer is None:
                 continue
+            if self._unoffered:
+                with self._unoffered_lock:
+                    self._unoffered.pop(offer.rollout_id, None)
             self._offer_queue.push(offer_queue_time(offer, self.rollouts.snapshots.get(offer.rollout_id)), offer, where)
             taken.append(where)
         self._offer_ledger.taken(taken)
@@ -852,16 +840,16 @@ class LitStore:
 
         for (rid, _, _), _seq, value in batch:
             self.events.produce_raw(self.events.topics.spans, rid.encode(), value, on_delivery=span_report)
-        shown: list[tuple[AttemptHeartbeat, Future[RolloutSnapshot]]] = []
+        shown: list[tuple[AttemptHeartbeat, Future[Folded]]] = []
         for (rid, aid), max_seq in beats.items():
             beat = AttemptHeartbeat(meta=self.events.factory.meta(rid), attempt_id=aid, time=time.time(),
                                     max_sequence_id=max_seq)
-            on_delivery = report
+            fut = None
             if span_heartbeat_shows(self.rollouts.snapshots.get(rid), aid):
                 fut = self.rollouts.expect(beat.meta.event_id)
                 shown.append((beat, fut))
-                on_delivery = _also(report, _fail_on_error(fut))
-            self.events.send(self.events.topics.rollout_events, beat, on_delivery=on_delivery)
+            self.events.send(self.events.topics.rollout_events, beat,
+                             on_delivery=_also(report, self._folds_when_stored(beat, fut)))
         await self._acknowledged(acked, "the spans")
         for beat, fut in shown:  # read-your-writes of the attempt a span started or revived
             await self._outcome(fut, beat)
@@ -946,8 +934,10 @@ class LitStore:
                               stats: dict[str, Any] | None = None) -> WorkerObserved:
         event = WorkerObserved(**self.events.factory.stamp(), worker_id=worker_id, time=time.time(), kind=kind,
                                heartbeat_stats=stats)
-        await self._until(self.workers, lambda: True if event.event_id in self.workers.seen_events else None,
-                          self.wait_s, sent=(self.events.topics.workers, event))
+        acked, report = self._acks(1)
+        self.events.send(self.events.topics.workers, event, on_delivery=report)
+        await self._acknowledged(acked, "the worker's record")
+        self.workers.observe([event], written=True)  # stored: shown at once, not after reading it back
         return event
 
     async def update_worker(self, worker_id: str, heartbeat_stats: Any = UNSET) -> Worker:

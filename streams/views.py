@@ -55,22 +55,30 @@ class TopicFollower:
     def on_record(self, record: Any) -> None:
         raise TypeError(f"{type(self).__name__} must handle its records")
 
+    def _take(self, msg: Any) -> None:
+        """One message of a batch, under ``changed``: a record is decoded and handed to :meth:`on_record`."""
+        if not self._ends.record(msg):
+            return
+        try:
+            record = self.codec.decode_as(msg.value(), self.record_type)
+        except DecodeError:
+            self.undecodable += 1
+            return
+        self.on_record(record)
+
     def _run(self) -> None:
         while not self._stop.is_set():
             msgs = poll_batch(self._consumer, 0.1)
             with self.changed:
                 for msg in msgs:
-                    if not self._ends.record(msg):
-                        continue
-                    try:
-                        record = self.codec.decode_as(msg.value(), self.record_type)
-                    except DecodeError:
-                        self.undecodable += 1
-                        continue
-                    self.on_record(record)
+                    self._take(msg)
                 self._batches += 1
-                if self._watchers:
-                    self._watchers = [w for w in self._watchers if not _settled(*w)]
+                self._check_watchers()
+
+    def _check_watchers(self) -> None:
+        """Settle the watchers whose predicate has an answer now (under ``changed``)."""
+        if self._watchers:
+            self._watchers = [w for w in self._watchers if not _settled(*w)]
 
     def wait_for(self, predicate: Callable[[], T | None], timeout: float) -> T | None:
         """Block until ``predicate()`` returns something (checked now and after every batch) or the time is up."""
@@ -206,10 +214,24 @@ class WorkersView(TopicFollower):
         self.observed: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         super().__init__(settings, f"{settings.topic_prefix}.workers", codec)
 
+    def observe(self, observations: list[WorkerObserved], written: bool = False) -> None:
+        """Apply observations this process made itself, without waiting to read them back: ``written`` ones are
+        on the topic too (their copy is skipped when it comes); the others are derived from attempts, as the
+        lifecycle processor's copies are, and applying the same observation twice changes nothing."""
+        with self.changed:
+            for ev in observations:
+                self._apply(ev)
+                if written:
+                    self.seen_events.add(ev.event_id)
+            self._check_watchers()
+
     def on_record(self, ev: WorkerObserved) -> None:
         if ev.event_id in self.seen_events:
             return
         self.seen_events.add(ev.event_id)
+        self._apply(ev)
+
+    def _apply(self, ev: WorkerObserved) -> None:
         if ev.attempt_id is not None and ev.status is not None:
             self.observed[(ev.worker_id, ev.attempt_id, ev.status)] = None
             while len(self.observed) > self.MAX_OBSERVED:

@@ -6,8 +6,13 @@ never change the status, and one without stats keeps the stats reported before (
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from litstream.schemas.events import WorkerObserved
 from litstream.schemas.models import Worker
+
+from .state import AttemptState, RolloutState
 
 IDLE_AFTER = frozenset({"succeeded", "failed"})
 UNKNOWN_AFTER = frozenset({"timeout", "unresponsive"})
@@ -47,3 +52,20 @@ def apply_worker(worker: Worker | None, ev: WorkerObserved) -> Worker:
         if ev.kind == "dequeue":
             changes["last_dequeue_time"] = ev.time
     return w.model_copy(update=changes)
+
+
+def attempt_observations(before: RolloutState | None, after: RolloutState, at: float,
+                         stamp: Callable[[], dict[str, Any]]) -> list[WorkerObserved]:
+    """What the workers topic is told after an event moved ``before`` to ``after``: one observation per attempt
+    whose status or worker changed (workers are derived from attempts). ``stamp`` gives each its identity."""
+    old: dict[str, AttemptState] = {a.attempt_id: a for a in before.attempts} if before is not None else {}
+    observed = []
+    for a in after.attempts:
+        prev = old.get(a.attempt_id)
+        if not a.worker_id or (prev is not None and (prev.status, prev.worker_id) == (a.status, a.worker_id)):
+            continue
+        observed.append(WorkerObserved.trusted(**stamp(), worker_id=a.worker_id, time=at,
+                                               kind="dequeue" if prev is None else "attempt",
+                                               status=worker_status_for(a.status), rollout_id=after.rollout_id,
+                                               attempt_id=a.attempt_id, heartbeat_stats=None))
+    return observed

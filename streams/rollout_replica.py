@@ -1,0 +1,138 @@
+"""The store's replica of the fold: ``rollout-events`` folded in log order in this process, so a writer learns what
+its own event did as soon as the broker has acknowledged it — one trip through the log instead of two.
+
+The lifecycle processor folds the same log with the same pure fold; it stays the one that writes the table, the
+snapshots, the offers and the timers. The replica answers its own writers and serves reads:
+
+* A follower thread reads every partition from the beginning and folds each record (``log_records`` decides which
+  records the fold sees, as it does for the processor and replay). ``_folded[p]`` is the last offset folded.
+* When the broker acknowledges an event this process wrote at offset ``o`` of partition ``p`` and the replica has
+  folded exactly up to ``o - 1`` there, nothing else can come before it: the event is folded at once, from the
+  object that was written, and ``_folded[p]`` becomes ``o``; the follower skips it later. That is the usual case
+  when this process writes a partition alone.
+* Otherwise (another writer's records came between, or the follower has not reached them yet) the answer waits
+  for the follower to fold up to ``o``, in order.
+
+Either way every event is folded once, in the log's order, so the replica's state is what replay computes, and a
+writer's answer (a claim won or lost, the sequence ids reserved) is the one the processor reaches.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent.futures import Future, InvalidStateError
+from typing import Any, NamedTuple
+
+from litstream.infra.settings import Settings
+from litstream.schemas.codec import Codec
+from litstream.schemas.events import Event, RolloutSnapshot, SequenceRequested
+
+from . import fold
+from .log_records import Unfoldable, lifecycle_event
+from .state import RolloutState
+from .views import TopicFollower
+
+log = logging.getLogger("litstream.replica")
+
+
+class Folded(NamedTuple):
+    """What one event did: the rollout before and after it (None: unknown rollout), and the snapshot a reader
+    of ``rollout-state`` gets for it (None when the processor writes none: an unknown rollout)."""
+
+    before: RolloutState | None
+    after: RolloutState | None
+    snapshot: RolloutSnapshot | None
+    accepted: bool
+    reason: str | None
+
+
+class RolloutReplica(TopicFollower):
+    """Every rollout's state and snapshot, folded from ``rollout-events``; answers the events this process
+    writes (:meth:`expect`, then :meth:`acknowledged` from the delivery report)."""
+
+    def __init__(self, settings: Settings, codec: Codec) -> None:
+        self.states: dict[str, RolloutState] = {}
+        self.snapshots: dict[str, RolloutSnapshot] = {}
+        self._folded: dict[int, int] = {}  # partition -> the last offset folded
+        self._waiters: dict[str, Future[Folded]] = {}  # event id -> its answer
+        self._on_fold: list[Callable[[Folded], None]] = []
+        super().__init__(settings, f"{settings.topic_prefix}.rollout-events", codec)
+
+    def on_fold(self, listener: Callable[[Folded], None]) -> None:
+        """Call ``listener`` (under the replica's lock) with what every accepted event did."""
+        self._on_fold.append(listener)
+
+    def expect(self, event_id: str) -> Future[Folded]:
+        """Register before producing the event: the future gets what it did."""
+        fut: Future[Folded] = Future()
+        with self.changed:
+            self._waiters[event_id] = fut
+        return fut
+
+    def forget(self, event_id: str) -> None:
+        with self.changed:
+            self._waiters.pop(event_id, None)
+
+    def acknowledged(self, partition: int, offset: int, event: Event) -> None:
+        """The broker stored ``event`` at ``offset``: fold it now if it is the next record of its partition."""
+        with self.changed:
+            if self._folded.get(partition) == offset - 1:
+                self._folded[partition] = offset
+                self._fold(event)
+                self._check_watchers()
+
+    def _take(self, msg: Any) -> None:
+        partition, offset = int(msg.partition() or 0), int(msg.offset() or 0)
+        if not self._ends.record(msg):
+            if partition not in self._folded and partition in self._ends.at_end:
+                self._folded[partition] = offset - 1  # an end before any record: where the partition starts
+            return
+        if offset <= self._folded.get(partition, -1):
+            return  # folded when its writer here was acknowledged
+        self._folded[partition] = offset
+        event = lifecycle_event(self.codec, self.topic, msg.key(), msg.value())
+        if isinstance(event, Unfoldable):
+            self.undecodable += 1
+            return
+        self._fold(event)
+
+    def _fold(self, event: Event) -> None:
+        rid = event.rollout_id
+        before = self.states.get(rid)
+        try:
+            out = fold.apply(before, event)
+        except Exception as exc:  # noqa: BLE001 - the processor dead-letters it; the replica must not stop either
+            log.exception("fold failed for %s", rid)
+            self._answer(event, Folded(before, before, None, False, f"{type(exc).__name__}: {exc}"))
+            return
+        if out.duplicate:
+            self._answer(event, _duplicate(before, event))
+            return
+        snap = None
+        if out.state is not None:
+            self.states[rid] = out.state
+            snap = out.state.snapshot(event.meta, out.accepted, out.reason, out.reserved)
+            self.snapshots[rid] = snap
+        done = Folded(before, out.state, snap, out.accepted, out.reason)
+        if out.accepted:
+            for listener in self._on_fold:
+                listener(done)
+        self._answer(event, done)
+
+    def _answer(self, event: Event, done: Folded) -> None:
+        fut = self._waiters.pop(event.meta.event_id, None)
+        if fut is not None:
+            try:
+                fut.set_result(done)
+            except InvalidStateError:  # given up on meanwhile
+                pass
+
+
+def _duplicate(state: RolloutState | None, event: Event) -> Folded:
+    """A redelivered event: applied before if the state's last change carries its time (the processor sends that
+    snapshot again, so its writer gets the answer it missed), otherwise ignored."""
+    if state is not None and state.updated_ns == event.meta.timestamp_ns:
+        reserved = state.next_sequence_id - event.count if isinstance(event, SequenceRequested) else None
+        return Folded(state, state, state.snapshot(event.meta, True, None, reserved), True, None)
+    return Folded(state, state, None, False, "duplicate")
