@@ -52,13 +52,13 @@ def test_generation_is_deterministic_under_a_seed() -> None:
 
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
 def test_logprobs_equal_a_forward_pass(temperature: float, top_p: float) -> None:
-    """Reported log-probs are the untempered ones the learner recomputes, with left padding at generation and
-    right padding at training."""
+    """Reported log-probs are those at the sampling temperature, which the learner recomputes, with left padding
+    at generation and right padding at training."""
     p = build_policy("tiny", seed=0)
     gens = TorchEngine(p.model, p.tokenizer).generate(PROMPTS, 6, temperature=temperature, top_p=top_p, seed=3)
     batch = pack([g.prompt_token_ids for g in gens], [g.token_ids for g in gens], p.tokenizer.pad_id)
     with torch.no_grad():
-        logp, _ = response_logprobs(p.model, batch)
+        logp, _ = response_logprobs(p.model, batch, temperature=temperature)
     for b, g in enumerate(gens):
         assert logp[b, : len(g.token_ids)].tolist() == pytest.approx(g.logprobs, abs=1e-4)
 
@@ -204,10 +204,10 @@ def test_real_vllm_matches_torch_and_hot_swaps(tmp_path: Path) -> None:
     p = build_policy("tiny", seed=0, heads=3)
     v0 = save_checkpoint(tmp_path / "ck", p.model, p.tokenizer, version=0)
 
-    def max_diff(model: Any, gens: list[Any]) -> float:
+    def max_diff(model: Any, gens: list[Any], temperature: float = 1.0) -> float:
         batch = pack([g.prompt_token_ids for g in gens], [g.token_ids for g in gens], p.tokenizer.pad_id)
         with torch.no_grad():
-            logp, _ = response_logprobs(model, batch)
+            logp, _ = response_logprobs(model, batch, temperature=temperature)
         return max(abs(a - b) for i, g in enumerate(gens)
                    for a, b in zip(logp[i, : len(g.token_ids)].tolist(), g.logprobs, strict=True))
 
@@ -220,9 +220,9 @@ def test_real_vllm_matches_torch_and_hot_swaps(tmp_path: Path) -> None:
         assert all(1 <= len(g.token_ids) == len(g.logprobs) <= 6 for g in gens)
         assert all(g.finish_reason in ("stop", "length") for g in gens)
         assert [g.token_ids for g in eng.generate(PROMPTS, 6, seed=1)] == [g.token_ids for g in gens]
-        unseeded = eng.generate(PROMPTS, 6, temperature=0.7, top_p=0.9)  # one batched request
+        unseeded = eng.generate(PROMPTS, 6, temperature=0.7)  # one batched request
         assert [len(g.token_ids) for g in unseeded] and [g.prompt_token_ids for g in unseeded] == PROMPTS
-        diff0 = max(max_diff(p.model, gens), max_diff(p.model, unseeded))
+        diff0 = max(max_diff(p.model, gens), max_diff(p.model, unseeded, 0.7))  # log-probs at the temperature
         assert diff0 < 1e-4
 
         learner = GrpoLearner(p.model, p.tokenizer, LearnerConfig(lr=5e-2))

@@ -145,3 +145,51 @@ def test_decoupled_loss_equals_plain_ppo_on_fresh_samples_and_weights_stale_ones
     stale, _ = grpo_loss(logp, old, adv, mask, cfg, prox_logp=prox)
     anchored, _ = grpo_loss(logp, prox, adv, mask, LossConfig())
     assert torch.allclose(stale, 2.0 * anchored)
+
+
+def test_response_logprobs_at_a_temperature_are_those_of_the_scaled_logits() -> None:
+    p = build_policy("tiny", seed=3)
+    prompts, responses = [[257, 97, 61]], [[97, 98, 258]]
+    batch = pack(prompts, responses, p.tokenizer.pad_id)
+    with torch.no_grad():
+        logp, ent = response_logprobs(p.model, batch, with_entropy=True, temperature=0.5)
+        logits = p.model(torch.tensor([prompts[0] + responses[0]])).logits[0, 2:5] / 0.5
+    ref = torch.log_softmax(logits, -1)
+    assert logp[0].tolist() == pytest.approx([ref[j, t].item() for j, t in enumerate(responses[0])], abs=1e-5)
+    assert ent is not None and ent[0].tolist() == pytest.approx((-(ref.exp() * ref).sum(-1)).tolist(), abs=1e-5)
+    with torch.no_grad():
+        greedy, _ = response_logprobs(p.model, batch, temperature=0.0)  # greedy: untempered
+        plain, _ = response_logprobs(p.model, batch)
+    assert torch.equal(greedy, plain)
+
+
+@pytest.mark.parametrize(("learner_temperature", "on_policy"), [(0.5, True), (1.0, False)])
+def test_sampling_at_a_temperature_is_on_policy_when_the_learner_scores_at_it(
+        learner_temperature: float, on_policy: bool) -> None:
+    """Samples from the engine at temperature 0.5, stepped by a learner that has not moved (lr 0): scored at 0.5
+    every ratio is 1 and none is clipped; scored untempered the ratio compares another policy."""
+    from litstream.trainer.engines import TorchEngine
+    from litstream.trainer.learner import GrpoLearner, LearnerConfig
+    from litstream.trainer.windows import Sample
+
+    policy = build_policy("tiny", seed=0)
+    tok = policy.tokenizer
+    gens = TorchEngine(policy.model, tok).generate([tok.encode("ax1=")] * 8, 6, temperature=0.5, seed=1)
+    samples = [Sample(rollout_id=f"ro-{i}", attempt_id="at-1", index=0, group_id="g", policy_version=0,
+                      prompt_token_ids=g.prompt_token_ids, response_token_ids=g.token_ids,
+                      response_logprobs=g.logprobs, reward=float(i % 2)) for i, g in enumerate(gens)]
+    learner = GrpoLearner(policy.model, tok, LearnerConfig(lr=0.0, temperature=learner_temperature))
+    stats = learner.step([samples])
+    if on_policy:
+        assert stats.ratio_mean == pytest.approx(1.0, abs=1e-5) and stats.clip_frac == 0.0
+    else:
+        assert abs(stats.ratio_mean - 1.0) > 0.05
+
+
+def test_the_trainer_scores_at_the_temperature_it_publishes() -> None:
+    from litstream.trainer.learner import LearnerConfig
+    from litstream.trainer.service import TrainerConfig
+
+    cfg = TrainerConfig(sampling={"temperature": 0.5, "max_tokens": 16}, learner=LearnerConfig(lr=1e-5))
+    assert cfg.learner_config().temperature == 0.5 and cfg.learner_config().lr == 1e-5
+    assert TrainerConfig(sampling={"temperature": 0.0}).learner_config().temperature == 1.0  # greedy: untempered

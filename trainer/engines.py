@@ -1,9 +1,11 @@
 """Inference engines that generate rollouts and take new policy versions: in-process torch, or a vLLM server.
 
-``Generation.logprobs`` holds, for each sampled token, its log-prob under the policy's *untempered* softmax
-(temperature 1, no top-p), whatever temperature and top-p were used to sample it. That is the quantity GRPO's
-ratio needs as the old log-prob, since the learner scores tokens the same way; it is also what vLLM reports by
-default (``logprobs_mode="raw_logprobs"``). A response that stopped on eos includes the eos token (with its
+``Generation.logprobs`` holds, for each sampled token, its log-prob under the distribution it was sampled from:
+the softmax of the logits divided by the temperature (before top-p; greedy decoding, temperature 0, reports the
+untempered softmax). That is the behaviour policy GRPO's ratio needs as the old log-prob, and the learner scores
+tokens the same way (``LearnerConfig.temperature``, set to the temperature the trainer publishes). vLLM reports the
+same when started with ``--logprobs-mode processed_logprobs`` (``vllm_server_command`` does; its default,
+``raw_logprobs``, is the untempered softmax). A response that stopped on eos includes the eos token (with its
 log-prob), so the policy learns to stop.
 """
 
@@ -111,7 +113,7 @@ class TorchEngine:
         lps: list[list[float]] = [[] for _ in range(B)]
         done = torch.zeros(B, dtype=torch.bool)
         for step in range(max_new_tokens):
-            logp = F.log_softmax(logits.float(), dim=-1)
+            logp = tempered_logprobs(logits, temperature)
             nxt = _sample(logp, temperature, top_p, gen)
             chosen = logp.gather(1, nxt.unsqueeze(1)).squeeze(1)
             for b in range(B):
@@ -136,10 +138,17 @@ class TorchEngine:
         return result
 
 
+def tempered_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Log-softmax of ``logits / temperature``; untempered for temperature <= 0 (greedy)."""
+    logits = logits.float()
+    return F.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)
+
+
 def _sample(logp: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator | None) -> torch.Tensor:
+    """A token from ``logp`` (already at the temperature), argmax when greedy, within top-p when below 1."""
     if temperature <= 0:
         return logp.argmax(dim=-1)
-    probs = F.softmax(logp / temperature, dim=-1)
+    probs = logp.exp()
     if top_p < 1.0:
         sp, si = probs.sort(dim=-1, descending=True)
         cut = sp.cumsum(-1) - sp > top_p  # drop tokens once the mass before them exceeds top_p
@@ -314,10 +323,12 @@ def vllm_server_command(model_dir: str | Path, port: int, served_name: str, pyth
     """The server's command line. ``python -m vllm.entrypoints.openai.api_server`` rather than the ``vllm``
     script (which fails on the CPU build); float32 and eager mode (no compile step) on CPU; ``--generation-config
     vllm`` so a ``generation_config.json`` in the checkpoint does not change sampling defaults behind the
-    requests' back."""
+    requests' back; ``--logprobs-mode processed_logprobs`` (vLLM >= 0.10.1) so that the reported log-probs are at
+    the sampling temperature, as TorchEngine's."""
     cmd = [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
-           "--dtype", "float32", "--enforce-eager", "--generation-config", "vllm"]
+           "--dtype", "float32", "--enforce-eager", "--generation-config", "vllm",
+           "--logprobs-mode", "processed_logprobs"]  # log-probs at the sampling temperature, as the learner's
     if max_model_len is not None:
         cmd += ["--max-model-len", str(max_model_len)]
     return cmd + list(extra_args)

@@ -5,6 +5,9 @@ Conventions (those of TRL's GRPOTrainer and verl):
 * advantage ``A_i = (r_i - mean_g) / (std_g + eps)`` over the members of i's group, with the *sample* standard
   deviation (n - 1 in the denominator, as ``torch.std`` computes it); a group of one has no spread, so its
   member's advantage is 0 (it contributes no policy gradient);
+* log-probs are those of the distribution the tokens were sampled from: the logits divided by the sampling
+  temperature (TRL and verl do the same); at another temperature the ratio would compare two other policies
+  and the gradient would not be the sampling policy's;
 * the ratio is taken against the log-probs the generating engine reported for the sampled tokens (old
   log-probs), clipped at ``1 +- eps`` (0.2), with an optional dual clip ``c`` (verl: 3) bounding the loss of
   negative-advantage tokens whose ratio exploded;
@@ -80,16 +83,19 @@ def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], p
     return TokenBatch(input_ids, attn, prompt_lens, resp_mask, resp_ids)
 
 
-def response_logprobs(model: Any, batch: TokenBatch, with_entropy: bool = False,
+def response_logprobs(model: Any, batch: TokenBatch, with_entropy: bool = False, temperature: float = 1.0,
                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs [B, R] of each response token given everything before it (untempered softmax), and
-    optionally the entropy [B, R] of the distribution it was drawn from. Masked positions hold 0."""
+    """Log-probs [B, R] of each response token given everything before it, under the softmax of the logits
+    divided by ``temperature`` (the distribution the engine sampled from; <= 0, greedy, scores untempered), and
+    optionally the entropy [B, R] of that distribution. Masked positions hold 0."""
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [B, L, V]
     B, L, V = logits.shape
     R = batch.response_ids.shape[1]
     # The token at position t is predicted by the logits at t - 1: response token j by position plen - 1 + j.
     pos = (batch.prompt_lens.unsqueeze(1) - 1 + torch.arange(R).unsqueeze(0)).clamp(max=L - 1)  # [B, R]
     picked = logits.gather(1, pos.unsqueeze(-1).expand(B, R, V)).float()  # [B, R, V]
+    if temperature > 0 and temperature != 1.0:
+        picked = picked / temperature
     logp_all = F.log_softmax(picked, dim=-1)
     logp = logp_all.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1) * batch.response_mask
     entropy = None

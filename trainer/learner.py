@@ -46,6 +46,9 @@ class LearnerConfig:
     # policy gradient): Adam's step has the same size whatever the gradient's, so without this a window of
     # mostly solved groups moves the policy as far as one full of signal.
     lr_by_signal: bool = False
+    # The temperature the engine sampled at: log-probs, ratio, KL and entropy are those of the logits divided by
+    # it, the distribution the engine sampled from and reported its log-probs under (engines.Generation).
+    temperature: float = 1.0
 
 
 @dataclass
@@ -142,7 +145,7 @@ class GrpoLearner:
         for idx in batches:
             batch = pack([samples[i].prompt_token_ids for i in idx], [samples[i].response_token_ids for i in idx],
                          self.tokenizer.pad_id)
-            out.append(response_logprobs(self.model, batch)[0])
+            out.append(response_logprobs(self.model, batch, temperature=self.cfg.temperature)[0])
         return out
 
     def _update(self, samples: list[Sample], advs: list[float], batches: list[list[int]], total_tokens: int,
@@ -174,7 +177,8 @@ class GrpoLearner:
         loss_cfg = loss_cfg or self.cfg.loss
         batch = pack([s.prompt_token_ids for s in samples], [s.response_token_ids for s in samples],
                      self.tokenizer.pad_id)
-        logp, entropy = response_logprobs(self.model, batch, with_entropy=self.cfg.with_entropy)
+        logp, entropy = response_logprobs(self.model, batch, with_entropy=self.cfg.with_entropy,
+                                          temperature=self.cfg.temperature)
         old = torch.zeros_like(logp)
         for b, s in enumerate(samples):
             n = len(s.response_token_ids)
@@ -185,7 +189,7 @@ class GrpoLearner:
         ref = None
         if self.ref_model is not None:
             with torch.no_grad():
-                ref, _ = response_logprobs(self.ref_model, batch)
+                ref, _ = response_logprobs(self.ref_model, batch, temperature=self.cfg.temperature)
         if entropy is not None and not loss_cfg.entropy_coef:
             entropy = entropy.detach()
         return grpo_loss(logp, old, torch.tensor(advs, dtype=logp.dtype), batch.response_mask, loss_cfg,

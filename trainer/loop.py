@@ -14,7 +14,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +74,9 @@ def run_loop(cfg: LoopConfig, checkpoint_dir: str | Path, engine: InferenceEngin
     rng = random.Random(cfg.seed)
     policy = build_policy(cfg.policy, seed=cfg.seed)
     tok = policy.tokenizer
-    learner = GrpoLearner(policy.model, tok, cfg.learner)
+    # The learner scores at the temperature the engine samples at (its log-probs are at it too).
+    learner = GrpoLearner(policy.model, tok, replace(cfg.learner, temperature=cfg.temperature
+                                                     if cfg.temperature > 0 else 1.0))
     path = learner.save(checkpoint_dir, keep_last=cfg.keep_last)
     # The engine holds its own copy of the weights, loaded from the checkpoint, as a served model would.
     engine = engine or TorchEngine.from_checkpoint(path)

@@ -17,7 +17,7 @@ import logging
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,12 @@ class TrainerConfig:
                                                               "max_tokens": toy_task.MAX_NEW_TOKENS})
     learner: LearnerConfig = field(default_factory=lambda: LearnerConfig(lr=5e-3))
 
+    def learner_config(self) -> LearnerConfig:
+        """The learner's settings, scoring at the temperature this trainer publishes: the one agents that read
+        ``sampling_parameters`` sample at, and so the one the engine's log-probs are at (greedy: untempered)."""
+        temperature = float(self.sampling.get("temperature", 1.0))
+        return replace(self.learner, temperature=temperature if temperature > 0 else 1.0)
+
     def window(self) -> WindowConfig:
         return WindowConfig(group_size=self.group_size, max_samples=self.groups_per_step * self.group_size,
                             max_seconds=self.max_seconds, max_staleness=self.max_staleness)
@@ -84,7 +90,7 @@ class TrainerService:
         torch.manual_seed(self.cfg.seed)
         latest = latest_checkpoint(self.root)
         if latest is not None:
-            self.learner = GrpoLearner.resume(latest, self.cfg.learner)
+            self.learner = GrpoLearner.resume(latest, self.cfg.learner_config())
             extra = checkpoint_extra(latest)
             self.positions = {int(p): int(o) for p, o in extra.get("positions", {}).items()}
             snap = extra.get("window")
@@ -94,7 +100,7 @@ class TrainerService:
             log.info("resumed policy v%d from %s at positions %s", self.learner.version, latest, self.positions)
         else:
             policy = build_policy(self.cfg.policy, seed=self.cfg.seed)
-            self.learner = GrpoLearner(policy.model, policy.tokenizer, self.cfg.learner)
+            self.learner = GrpoLearner(policy.model, policy.tokenizer, self.cfg.learner_config())
             self.windower = Windower(self.cfg.window(), self.learner.version)
             self.path = self._save()
             log.info("initial policy v0 (%s) at %s", self.cfg.policy, self.path)
