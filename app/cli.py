@@ -8,10 +8,10 @@ import json
 import logging
 import os
 import re
-import signal
 import stat
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -23,6 +23,7 @@ from rich.markup import escape
 from litstream.infra.runtime import tune_gc_for_service
 from litstream.infra.settings import Settings, UnknownSettingError
 
+from .roles import ARITHMETIC_AGENT, Role
 from .show import table as _table
 
 console = Console()
@@ -73,9 +74,7 @@ def main(ctx: click.Context) -> None:
     LITSTREAM_DATA_DIR, ...; docs/configuration.md). Start here: `litstream demo`.
     """
     from litstream.infra.kafka import quiet_clients
-    from litstream.infra.processes import stop_with_parent
 
-    stop_with_parent()  # a role process the stack started stops with it, even when the stack is SIGKILLed
     try:
         Settings()
     except UnknownSettingError as exc:
@@ -85,6 +84,17 @@ def main(ctx: click.Context) -> None:
         _fail(f"setting LITSTREAM_{str(first['loc'][0]).upper()}: {first['msg']}", code=2)
     if ctx.invoked_subcommand not in LOGGING_COMMANDS:
         quiet_clients()
+
+
+def _serve(role_run: Callable[[], None]) -> None:
+    """Run a long-running role (its :class:`~litstream.infra.service.Service`) in the foreground; a metrics port
+    that is taken is one line."""
+    from litstream.infra.metrics import MetricsPortError
+
+    try:
+        role_run()
+    except MetricsPortError as exc:
+        _fail(str(exc))
 
 
 def _broker(settings: Settings, timeout: float = 3.0) -> None:
@@ -164,25 +174,6 @@ def demo(model: str, steps: int, minutes: float, runners: int, concurrency: int,
     print_loop(loop, as_json)
 
 
-def child_specs(settings: Settings, runners: bool, with_gateway: bool, train: bool,
-                with_policy_server: bool = True) -> list[tuple[str, list[str]]]:
-    """The stack's children as (name, litstream arguments), in start order (stopped in reverse)."""
-    specs: list[tuple[str, list[str]]] = [("lifecycle", ["process", "lifecycle"]),
-                                          ("span-sink", ["process", "span-sink"])]
-    if with_gateway:
-        specs.append(("gateway", ["gateway", "--host", settings.gateway_host, "--port", str(settings.gateway_port)]))
-    if with_policy_server:  # the policy endpoint; it does not publish itself (the toy agent runs in-process)
-        specs.append(("policy-server", ["policy-server", "--model", "tiny", "--host", settings.policy_server_host,
-                                        "--port", str(settings.policy_server_port)]))
-    if train:  # triplets only feed the trainer
-        specs += [("triplets", ["process", "triplets"]), ("trainer", ["process", "trainer"])]
-    if runners:
-        agent = "litstream.workers.policy_agent:toy_policy_agent" if train else \
-            "litstream.workers.demo_agent:arithmetic_agent"
-        specs.append(("runner", ["runner", "--agent", agent]))
-    return specs
-
-
 @main.command(epilog=_example("litstream up --runners", "LITSTREAM_DATA_DIR=/tmp/ls litstream up --train --runners"))
 @click.option("--runners/--no-runners", default=False, help="Also run a runner with the demo agent.")
 @click.option("--gateway/--no-gateway", "with_gateway", default=True, show_default=True, help="Serve the HTTP gateway.")
@@ -212,21 +203,24 @@ def up(runners: bool, with_gateway: bool, train: bool, max_restarts: int, with_p
       litstream up --runners              # log in .litstream/kafka, kept across restarts
       litstream up --ephemeral            # log in a temporary directory, gone at the stop
     """
+    from litstream.infra.service import on_stop_signals
+
+    from .roles import up_roles
     from .stack import ChildFailedError, RestartPolicy, Stack, StackLockedError
 
     settings = Settings()
     if ephemeral:
         settings = settings.model_copy(update={"broker_storage": "ephemeral"})
     stack = Stack(settings, echo=sys.stdout, policy=RestartPolicy(max_restarts=max_restarts))
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     code = 0
     try:
-        stack.acquire()
-        _start_stack(stack, child_specs(settings, runners, with_gateway, train, with_policy_server), with_gateway)
-        while True:
-            for line in stack.supervise():
-                err.print(f"[yellow]supervisor:[/] {line}")
-            time.sleep(0.5)
+        with on_stop_signals(_interrupt):  # `kill` stops the stack as Ctrl-C does
+            stack.acquire()
+            _start_stack(stack, up_roles(settings, runners, with_gateway, train, with_policy_server), with_gateway)
+            while True:
+                for line in stack.supervise():
+                    err.print(f"[yellow]supervisor:[/] {line}")
+                time.sleep(0.5)
     except StackLockedError as exc:
         _fail(str(exc))  # before anything was touched: nothing to stop
     except KeyboardInterrupt:
@@ -238,20 +232,23 @@ def up(runners: bool, with_gateway: bool, train: bool, max_restarts: int, with_p
         err.print(f"[red]error:[/] {escape(str(exc))}")
         code = 1
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         stack.stop()
     sys.exit(code)
 
 
-def _start_stack(stack: Any, specs: list[tuple[str, list[str]]], with_gateway: bool) -> None:
+def _interrupt() -> NoReturn:
+    raise KeyboardInterrupt
+
+
+def _start_stack(stack: Any, roles: list[Role], with_gateway: bool) -> None:
     settings = stack.settings
     bootstrap = stack.start_broker()
     created = stack.create_topics()
     log = stack.broker.storage if stack.broker is not None else "?"
     console.print(f"[bold]broker[/] Apache Kafka on {bootstrap} ({len(created)} topics created; log {log}); "
                   f"data in {settings.data_dir.resolve()}")
-    for name, args in specs:
-        stack.start(name, *args)
+    for role in roles:
+        stack.start_role(role)
     if with_gateway:
         url = f"http://{settings.gateway_host}:{settings.gateway_port}"
         stack.describe(gateway_url=url)
@@ -452,7 +449,7 @@ def process_lifecycle(loglevel: str) -> None:
     """The rollout-lifecycle processor (Faust)."""
     from litstream.streams import lifecycle
 
-    lifecycle.run(load_settings(), loglevel=loglevel)
+    _serve(lambda: lifecycle.run(load_settings(), loglevel=loglevel))
 
 
 @process.command("span-sink")
@@ -462,7 +459,7 @@ def process_span_sink() -> None:
 
     _logging()
     tune_gc_for_service()  # a batch is thousands of live records (the lifecycle processor measured no gain)
-    span_sink.run(load_settings())
+    _serve(lambda: span_sink.run(load_settings()))
 
 
 @process.command("triplets")
@@ -471,7 +468,7 @@ def process_triplets() -> None:
     from litstream.streams import triplet_processor
 
     _logging()
-    triplet_processor.run(load_settings())
+    _serve(lambda: triplet_processor.run(load_settings()))
 
 
 @process.command("trainer")
@@ -525,12 +522,12 @@ def process_trainer(policy: str, checkpoints: Path | None, group_size: int, grou
                         learner=LearnerConfig(lr=lr, epochs=epochs, lr_schedule=lr_schedule, total_steps=max_steps,
                                               entropy_fade=entropy_fade, lr_by_signal=lr_by_signal,
                                               loss=LossConfig(kl_beta=kl_beta, entropy_coef=entropy_coef)))
-    run(load_settings(), cfg)
+    _serve(lambda: run(load_settings(), cfg))
 
 
 @main.command()
 @click.option("--concurrency", default=4, show_default=True, help="Agent slots in this process.")
-@click.option("--agent", "agent_path", default="litstream.workers.demo_agent:arithmetic_agent", show_default=True,
+@click.option("--agent", "agent_path", default=ARITHMETIC_AGENT, show_default=True,
               help="module:function of the agent.")
 @click.option("--max-rollouts", type=int, default=None, help="Stop after claiming this many rollouts.")
 @click.option("--drain", default=30.0, show_default=True,
@@ -539,29 +536,22 @@ def process_trainer(policy: str, checkpoints: Path | None, group_size: int, grou
               help="Seconds between progress lines (attempts done, rate, mean reward, policy).")
 def runner(concurrency: int, agent_path: str, max_rollouts: int | None, drain: float, progress_every: float) -> None:
     """Run an agent (module:function or module:LitAgentClass) on rollouts from the offers topic."""
-    from litstream.infra import metrics
-    from litstream.workers.runner import RUNNER_SERIES, Runner
+    from litstream.workers import runner as runner_role
+    from litstream.workers.agent import as_agent
 
     _logging()
     tune_gc_for_service()
     module, _, func = agent_path.partition(":")
     try:
-        agent = getattr(importlib.import_module(module), func)
+        found = getattr(importlib.import_module(module), func)
     except (ImportError, AttributeError) as exc:
         _fail(f"cannot load agent {agent_path!r}: {exc}")
-    settings = load_settings()
     try:
-        metrics.serve(settings, "runner")
-        r = Runner(settings, agent, concurrency=concurrency, drain_s=drain, progress_s=progress_every)
-    except (TypeError, RuntimeError) as exc:
+        agent = as_agent(found)
+    except TypeError as exc:
         _fail(str(exc))
-    metrics.expose_stats("runner", lambda: r.stats, RUNNER_SERIES)
-    metrics.mark_ready()
-    signal.signal(signal.SIGTERM, lambda *_: r.stop_event.set())
-    try:
-        r.run(max_rollouts=max_rollouts)
-    except KeyboardInterrupt:
-        r.stop_event.set()
+    _serve(lambda: runner_role.run(load_settings(), agent, concurrency=concurrency, drain_s=drain,
+                                   progress_s=progress_every, max_rollouts=max_rollouts))
 
 
 @main.command()
@@ -569,17 +559,13 @@ def runner(concurrency: int, agent_path: str, max_rollouts: int | None, drain: f
 @click.option("--port", default=None, type=int, help="Port (default LITSTREAM_GATEWAY_PORT, 8080).")
 def gateway(host: str | None, port: int | None) -> None:
     """The HTTP gateway."""
-    from litstream.infra import metrics
     from litstream.workers import gateway as gw
 
     _logging()
     tune_gc_for_service()
     settings = load_settings()
-    try:
-        metrics.serve(settings, gw.ROLE)  # for Prometheus; the gateway's own port serves /metrics too (token rule)
-    except RuntimeError as exc:
-        _fail(str(exc))
-    gw.run(settings, host or settings.gateway_host, port or settings.gateway_port)
+    # /metrics on the metrics port (for Prometheus) and on the gateway's own port (under the token rule)
+    _serve(lambda: gw.run(settings, host or settings.gateway_host, port or settings.gateway_port))
 
 
 @main.command("policy-server", epilog=_example(
@@ -642,7 +628,7 @@ def policy_server(host: str | None, port: int | None, checkpoint: str | None, mo
                             port=port if port is not None else settings.policy_server_port,
                             publish=publish, public_url=public_url, default_max_tokens=max_tokens)
     try:
-        run(settings, backend, options)
+        _serve(lambda: run(settings, backend, options))
     except LookupError as exc:  # a topic is missing
         _fail(str(exc))
 

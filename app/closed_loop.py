@@ -4,7 +4,9 @@ Runners do a toy task with the current policy, their spans become triplets, the 
 them and publishes each new version, and the next rollouts use it. Every part is its own process talking through
 Kafka: the broker, the lifecycle processor, the span sink (ClickHouse), the triplet processor, the trainer and N
 runners. This process only enqueues tasks (``group_size`` rollouts per task: a GRPO group), keeps a bounded
-number in flight, shows progress, and reads the outcome back with SQL.
+number in flight, shows progress, and reads the outcome back with SQL. It runs as ``litstream demo``, through
+:class:`~litstream.app.trainer.Trainer`; the quick slice without training (``litstream demo --slice``) is
+``demo.py``.
 """
 
 from __future__ import annotations

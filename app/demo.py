@@ -1,8 +1,9 @@
-"""The main job on the embedded stack: rollouts through every part, end to end, with progress.
+"""The quick slice (``litstream demo --slice``): rollouts through every part of the pipeline, without training.
 
 Starts the broker, creates the topics, runs the lifecycle processor, the span sink and a runner with the toy
-arithmetic agent as separate processes, enqueues rollouts, waits until every one is finished, and reads the
-spans back from ClickHouse.
+arithmetic agent as separate processes (``roles.slice_roles``), enqueues rollouts, waits until every one is
+finished, and reads the spans back from ClickHouse. The main job, the closed loop of agent RL (``litstream
+demo``), is ``closed_loop.py``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from litstream.streams.stateview import StateView
 from litstream.workers.client import enqueue_rollout
 from litstream.workers.demo_agent import make_task
 
+from .roles import slice_roles
 from .stack import Stack
 
 
@@ -78,11 +80,7 @@ def run_demo(settings: Settings, rollouts: int = 12, concurrency: int = 4, timeo
     with fresh_stack(settings, console,
                      f"[bold]litstream demo[/]: {rollouts} rollouts, runner concurrency {concurrency}") as stack:
         settings = stack.settings
-        stack.start("lifecycle", "process", "lifecycle")
-        stack.start("span-sink", "process", "span-sink")
-        stack.start("runner", "runner", "--concurrency", str(concurrency))
-        stack.wait_ready("span-sink", "span-sink", key="inserted")
-        stack.wait_ready("lifecycle", "lifecycle")
+        stack.start_roles(slice_roles(concurrency))
         console.print("  lifecycle processor, span sink and runner are up")
 
         rng = random.Random(seed)

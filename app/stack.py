@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -21,6 +22,8 @@ from litstream.infra.broker import KafkaBroker
 from litstream.infra.kafka import create_topics, wait_for_broker
 from litstream.infra.processes import child_env
 from litstream.infra.settings import Settings
+
+from .roles import Role, store_roles
 
 STACK_FILE = "stack.json"
 LOCK_FILE = "stack.lock"
@@ -248,15 +251,25 @@ class Stack:
         self.children[name] = _Child(proc)
         return proc
 
+    def start_role(self, role: Role) -> RoleProcess:
+        """Start one role of the stack's declaration (roles.py)."""
+        return self.start(role.name, *role.args)
+
+    def wait_for(self, role: Role, timeout: float | None = None) -> None:
+        """Wait until ``role`` is ready as its declaration says."""
+        self.wait_ready(role.name, role.health, role.ready_timeout_s if timeout is None else timeout,
+                        key=role.ready_key)
+
+    def start_roles(self, roles: Sequence[Role]) -> None:
+        """Start ``roles`` in their order, then wait until each is ready (they start side by side)."""
+        for role in roles:
+            self.start_role(role)
+        for role in roles:
+            self.wait_for(role)
+
     def start_store(self, gateway_port: int, host: str = "127.0.0.1") -> str:
-        """The store behind the REST APIs: the lifecycle processor, the span sink and the gateway on
-        ``host:gateway_port``, each waited for; returns the gateway's URL."""
-        self.start("lifecycle", "process", "lifecycle")
-        self.start("span-sink", "process", "span-sink")
-        self.start("gateway", "gateway", "--host", host, "--port", str(gateway_port))
-        self.wait_ready("lifecycle", "lifecycle")
-        self.wait_ready("span-sink", "span-sink", key="inserted")
-        self.wait_ready("gateway", "gateway")
+        """The store behind the REST APIs (roles.store_roles), each waited for; returns the gateway's URL."""
+        self.start_roles(store_roles(host, gateway_port))
         return f"http://{host}:{gateway_port}"
 
     def supervise(self, now: float | None = None) -> list[str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import signal
 import sys
 import threading
 import time
@@ -26,6 +25,7 @@ from rich.console import Console
 from litstream.infra import health
 from litstream.infra.broker import free_port
 from litstream.infra.producer import EventProducer
+from litstream.infra.service import on_stop_signals
 from litstream.infra.settings import Settings
 from litstream.schemas.codec import Codec
 from litstream.schemas.events import SpanRecorded
@@ -45,6 +45,8 @@ from litstream.trainer.algorithm import (
 )
 from litstream.workers.client import enqueue_rollout
 
+from . import roles
+from .roles import Role
 from .stack import Stack
 
 # A runner that dies mid-attempt stops its heartbeats (every 5 s): the attempt goes unresponsive after this
@@ -352,13 +354,8 @@ class Trainer:
         t0 = time.monotonic()
         self._stop = threading.Event()
         self._stopping_announced = False
-        previous: dict[signal.Signals, Any] = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C, or `kill <pid>`
-                previous[sig] = signal.getsignal(sig)
-                signal.signal(sig, lambda *_: self._interrupt())
         try:
-            with self._running(path, extra_path) as driver:
+            with on_stop_signals(self._interrupt), self._running(path, extra_path) as driver:  # Ctrl-C, `kill`
                 self.algorithm.run(driver, train, val)
                 if self.on_finish is not None and not self._stop.is_set():
                     self.on_finish(driver.settings)
@@ -369,9 +366,6 @@ class Trainer:
                 raise
             # asked to stop: what the stop cut short (a wait for a policy, a timeout) is no error of the run
             self.console.print(f"  [dim]cut short by the stop: {type(exc).__name__}: {exc}[/]")
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
         return self._summary(time.monotonic() - t0, self._stop.is_set())
 
     def _agent(self, agent: Any) -> tuple[str, str | None]:
@@ -408,14 +402,13 @@ class Trainer:
         if self._stop.is_set():
             raise _StoppedWhileStarting
 
-    def _wait_ready(self, stack: Stack, name: str, role: str, key: str | None = None,
-                    timeout: float = 60.0) -> None:
-        """``stack.wait_ready`` that gives up as soon as the user asks to stop."""
-        deadline = time.monotonic() + timeout
+    def _wait_ready(self, stack: Stack, role: Role) -> None:
+        """``stack.wait_for`` that gives up as soon as the user asks to stop."""
+        deadline = time.monotonic() + role.ready_timeout_s
         while True:
             self._check_stop()
             try:
-                stack.wait_ready(name, role, timeout=min(1.0, max(0.05, deadline - time.monotonic())), key=key)
+                stack.wait_for(role, timeout=min(1.0, max(0.05, deadline - time.monotonic())))
                 return
             except TimeoutError:
                 if time.monotonic() >= deadline:
@@ -459,16 +452,16 @@ class Trainer:
                 driver.close()
 
     def _start_pipeline(self, stack: Stack, driver: StackDriver, agent: str, extra_path: str | None) -> None:
-        stack.start("lifecycle", "process", "lifecycle")
-        stack.start("span-sink", "process", "span-sink")
-        if self.algorithm.uses_triplets:
-            stack.start("triplets", "process", "triplets")
+        """The stack's roles (roles.py) in its order: the pipeline, the triplet processor and what the algorithm
+        starts (the trainer), the policy server and the gateway, then the runners."""
+        pipeline = [*roles.PIPELINE, *([roles.TRIPLETS] if self.algorithm.uses_triplets else [])]
+        for role in pipeline:
+            stack.start_role(role)
         self.algorithm.prepare(driver)
-        self._wait_ready(stack, "lifecycle", "lifecycle")
-        self._wait_ready(stack, "span-sink", "span-sink", key="inserted")
+        for role in roles.PIPELINE:
+            self._wait_ready(stack, role)
         if self.algorithm.trains_policy:
-            # SmolLM2 takes a while to load
-            self._wait_ready(stack, "trainer", "trainer", key="version", timeout=600)
+            self._wait_ready(stack, roles.trainer())  # the algorithm started it, with its options
         if self.serve_policy:
             self._start_policy_server(stack, driver)
         if self.gateway:
@@ -481,25 +474,26 @@ class Trainer:
             os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (extra_path, os.environ.get("PYTHONPATH")) if p)
         for i in range(self.n_runners):
             self._check_stop()
-            stack.start(f"runner-{i}", "runner", "--agent", agent, "--concurrency", str(self.concurrency))
+            stack.start_role(roles.runner(agent, self.concurrency, name=f"runner-{i}"))
         wait_for_policy(driver, lambda p: True, 120.0)  # the server fronts version 0: agents can call it
         self._check_stop()
         self.console.print("  pipeline, policy server and runners are up")
 
     def _start_policy_server(self, stack: Stack, driver: StackDriver) -> None:
         """The policy endpoint on any free port, publishing itself: agents get a per-attempt OpenAI URL."""
-        server = ["policy-server", "--port", "0", "--publish"]
         checkpoint = _published_checkpoint(driver) if self.algorithm.trains_policy else None
-        server += ["--checkpoint", checkpoint] if checkpoint else ["--model", self.model]
+        server = roles.policy_server("--port", "0", "--publish",
+                                     *(["--checkpoint", checkpoint] if checkpoint else ["--model", self.model]))
         driver.serving_through_proxy = True
-        stack.start("policy-server", *server)
-        self._wait_ready(stack, "policy-server", "policy-server", key="url", timeout=600)
+        stack.start_role(server)
+        self._wait_ready(stack, server)
 
     def _start_gateway(self, stack: Stack, driver: StackDriver) -> None:
         """The gateway on a port fixed for the whole run (a restarted gateway keeps the URL runners were given)."""
         host, port = self.settings.gateway_host, self.gateway_port or free_port()
-        stack.start("gateway", "gateway", "--host", host, "--port", str(port))
-        self._wait_ready(stack, "gateway", "gateway")
+        gateway = roles.gateway(host, port)
+        stack.start_role(gateway)
+        self._wait_ready(stack, gateway)
         driver.gateway_url = f"http://{host}:{port}"
         stack.describe(gateway_url=driver.gateway_url)  # `litstream status` in this data dir shows it
         self.console.print(f"  [bold]gateway[/] on {driver.gateway_url}: point Agent Lightning's runners at it "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,29 @@ def beat(data_dir: Path, role: str, **info: Any) -> None:
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"role": role, "pid": os.getpid(), "time": time.time(), **_annotations, **info}))
     tmp.replace(path)
+
+
+class Heartbeat:
+    """A process's beats with its figures (``report()``), at most every ``every_s`` when :meth:`tick` is called
+    from inside its own loop: a beat then also says the loop still turns (a wedged loop goes stale)."""
+
+    def __init__(self, data_dir: Path, role: str, report: Callable[[], Mapping[str, Any]],
+                 every_s: float = 2.0) -> None:
+        self.data_dir = data_dir
+        self.role = role
+        self.report = report
+        self.every_s = every_s
+        self._last = float("-inf")
+
+    def __call__(self, **extra: Any) -> None:
+        """Beat now."""
+        beat(self.data_dir, self.role, **self.report(), **extra)
+        self._last = time.monotonic()
+
+    def tick(self) -> None:
+        """Beat if the last beat is ``every_s`` old."""
+        if time.monotonic() - self._last > self.every_s:
+            self()
 
 
 def read(data_dir: Path, role: str) -> dict[str, Any] | None:

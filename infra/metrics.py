@@ -171,6 +171,10 @@ def kafka_stats_config(group: str) -> dict[str, Any]:
 # -- the HTTP server ---------------------------------------------------------------------------------------
 
 
+class MetricsPortError(RuntimeError):
+    """The metrics server cannot bind its address; the message says which setting to change."""
+
+
 class MetricsServer:
     """``/metrics``, ``/healthz`` and ``/readyz`` in a daemon thread; ``mark_ready()`` once the process works."""
 
@@ -181,7 +185,7 @@ class MetricsServer:
         try:
             self.httpd = ThreadingHTTPServer((host, port), handler)
         except OSError as exc:
-            raise RuntimeError(f"cannot serve metrics on {host}:{port} ({exc.strerror}); set LITSTREAM_METRICS_PORT "
+            raise MetricsPortError(f"cannot serve metrics on {host}:{port} ({exc.strerror}); set LITSTREAM_METRICS_PORT "
                                "to a free port (0 picks one, -1 turns the metrics server off)") from None
         self.httpd.daemon_threads = True
         self.url = f"http://{host}:{self.httpd.server_address[1]}"

@@ -12,9 +12,9 @@ clickhouse``) to other processes on a loopback API. Its role name stays ``span-s
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +28,7 @@ from litstream.infra.clickhouse.api import serve_queries
 from litstream.infra.failpoints import failpoint
 from litstream.infra.kafka import Headers, commit_sync, consumer, producer
 from litstream.infra.metrics import StatSeries
+from litstream.infra.service import Service
 from litstream.infra.settings import Settings
 from litstream.infra.topics import Topics
 from litstream.schemas.codec import Codec, default_codec
@@ -81,6 +82,13 @@ class SpanSink:
         self._dlq = producer(settings)
         self._inserter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="span-sink-insert")
         self._in_flight: _InFlight | None = None
+        self.heartbeat = health.Heartbeat(settings.data_dir, ROLE, self.report)
+
+    def report(self) -> Mapping[str, Any]:
+        return dict(self.stats)
+
+    def stop(self) -> None:
+        self.stop_event.set()
 
     def serve_api(self, host: str = "127.0.0.1", port: int = 0) -> str:
         server = serve_queries(self.ch, host, port, actions={"/replay": self._replay_action})
@@ -95,7 +103,6 @@ class SpanSink:
 
     def run(self) -> None:
         self._consumer.subscribe(list(sink_topics(self.topics)))
-        last_beat = 0.0
         try:
             while not self.stop_event.is_set():
                 msgs = self._consumer.consume(num_messages=self.batch_size, timeout=self.max_wait_s)
@@ -103,9 +110,7 @@ class SpanSink:
                     self.process(msgs)
                 else:
                     self._complete()  # nothing new: finish the insert in flight now, not with the next batch
-                if time.monotonic() - last_beat > 2.0:
-                    health.beat(self.settings.data_dir, ROLE, **self.stats)
-                    last_beat = time.monotonic()
+                self.heartbeat.tick()
             self._complete()
         finally:
             self._inserter.shutdown(wait=True)
@@ -197,21 +202,14 @@ def arrow_memory_pool() -> None:
 
 def run(settings: Settings) -> None:
     """Run the sink in the foreground until SIGINT/SIGTERM."""
+    Service(settings, ROLE, SINK_SERIES).run(start_sink)
+
+
+def start_sink(settings: Settings) -> SpanSink:
+    """The sink with its loopback query API up, its start-up pages given back."""
     arrow_memory_pool()
-    metrics.serve(settings, ROLE)
     sink = SpanSink(settings)
-    metrics.expose_stats(ROLE, lambda: sink.stats, SINK_SERIES)
     url = sink.serve_api()
     sink.ch.release_startup_pages()  # ~170 MiB of engine code only its start-up ran (infra/clickhouse/resident.py)
-    metrics.mark_ready()
     log.info("sink consuming %s into %s; query API %s", ", ".join(sink_topics(sink.topics)), sink.ch.dsn, url)
-
-    def stop(*_: Any) -> None:
-        sink.stop_event.set()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    try:
-        sink.run()
-    finally:
-        sink.close()
+    return sink

@@ -18,9 +18,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import signal
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
@@ -29,6 +29,7 @@ from litstream.infra import health, metrics
 from litstream.infra.kafka import PartitionEnds, commit_sync, consumer, poll_batch
 from litstream.infra.metrics import StatSeries
 from litstream.infra.producer import EventProducer
+from litstream.infra.service import Service
 from litstream.infra.settings import Settings
 from litstream.infra.topics import Topics
 from litstream.schemas.codec import DecodeError
@@ -87,6 +88,7 @@ class TripletProcessor:
         self._dirty = False
         self._assigned = False
         self._paused: set[int] = set()
+        self.heartbeat = health.Heartbeat(settings.data_dir, ROLE, self.report, BEAT_EVERY_S)
 
     # -- partitions -----------------------------------------------------------------------------------------
 
@@ -124,10 +126,8 @@ class TripletProcessor:
     # -- the loop -------------------------------------------------------------------------------------------
 
     def run(self) -> None:
-        health.beat(self.settings.data_dir, ROLE, starting=True)
         self._consumer.subscribe([self.topics.spans, self.topics.state], on_assign=self._on_assign,
                                  on_revoke=self._on_revoke)
-        last_beat = 0.0
         try:
             while not self.stop_event.is_set():
                 for msg in poll_batch(self._consumer, self.poll_s):
@@ -135,19 +135,21 @@ class TripletProcessor:
                 self._finalize_ready()
                 if self._dirty:
                     self._flush_and_commit()
-                if self._assigned and time.monotonic() - last_beat > BEAT_EVERY_S:
-                    self.beat()
-                    last_beat = time.monotonic()
+                if self._assigned:  # beats say the partitions are being read
+                    self.heartbeat.tick()
         finally:
             try:
                 self._flush_and_commit()
             finally:
                 self._consumer.close()
 
-    def beat(self) -> None:
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def report(self) -> Mapping[str, Any]:
         c = self.collector
-        health.beat(self.settings.data_dir, ROLE, **self.stats, **c.counts, buffered_attempts=len(c.pending),
-                    buffered_spans=c.buffered_spans, buffered_bytes=c.buffer_bytes)
+        return {**self.stats, **c.counts, "buffered_attempts": len(c.pending), "buffered_spans": c.buffered_spans,
+                "buffered_bytes": c.buffer_bytes}
 
     def _handle(self, msg: Message) -> None:
         topic, partition = str(msg.topic()), int(msg.partition() or 0)
@@ -319,16 +321,11 @@ TRIPLET_SERIES = {
 
 def run(settings: Settings) -> None:
     """Run the processor in the foreground until SIGINT/SIGTERM."""
-    metrics.serve(settings, ROLE)
+    Service(settings, ROLE, TRIPLET_SERIES).run(start_triplets)
+
+
+def start_triplets(settings: Settings) -> TripletProcessor:
     processor = TripletProcessor(settings)
-    metrics.expose_stats(ROLE, lambda: processor.stats, TRIPLET_SERIES)
-    metrics.mark_ready()
     log.info("triplet processor: %s + %s -> %s", processor.topics.spans, processor.topics.state,
              processor.topics.triplets)
-
-    def stop(*_: Any) -> None:
-        processor.stop_event.set()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    processor.run()
+    return processor

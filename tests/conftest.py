@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from litstream.app import roles
 from litstream.app.stack import Stack
 from litstream.infra.broker import KafkaBroker
 from litstream.infra.kafka import create_topics
@@ -63,8 +64,7 @@ def settings(broker: KafkaBroker, tmp_path: Path) -> Settings:
 def processor_running(settings: Settings) -> Iterator[Settings]:
     """The lifecycle processor running as a process, on this test's topics."""
     with Stack(settings) as s:
-        s.start("lifecycle", "process", "lifecycle")
-        s.wait_ready("lifecycle", "lifecycle")
+        s.start_roles([roles.LIFECYCLE])
         yield settings
 
 
@@ -72,8 +72,5 @@ def processor_running(settings: Settings) -> Iterator[Settings]:
 def pipeline(settings: Settings) -> Iterator[Settings]:
     """The lifecycle processor and the span sink running as processes, on this test's topics."""
     with Stack(settings) as s:
-        s.start("lifecycle", "process", "lifecycle")
-        s.start("span-sink", "process", "span-sink")
-        s.wait_ready("lifecycle", "lifecycle")
-        s.wait_ready("span-sink", "span-sink", key="inserted")
+        s.start_roles(roles.PIPELINE)
         yield settings

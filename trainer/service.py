@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from litstream.infra import health, metrics
 from litstream.infra.kafka import consumer, poll_batch
 from litstream.infra.metrics import StatSeries
 from litstream.infra.producer import EventProducer
+from litstream.infra.service import Service
 from litstream.infra.settings import Settings
 from litstream.schemas.codec import DecodeError
 from litstream.schemas.events import NamedResourceRecord, ResourcesPublished, TripletEmitted
@@ -106,6 +107,13 @@ class TrainerService:
             log.info("initial policy v0 (%s) at %s", self.cfg.policy, self.path)
         self.counters["version"] = self.learner.version
         self._last_step_end = time.monotonic()
+        self.heartbeat = health.Heartbeat(settings.data_dir, ROLE, self.report, every_s=1.0)
+
+    def report(self) -> Mapping[str, Any]:
+        return {**self.counters, **self.windower.stats.as_dict()}
+
+    def stop(self) -> None:
+        self.stop_event.set()
 
     # --- publishing ---------------------------------------------------------------------------------------
 
@@ -155,7 +163,6 @@ class TrainerService:
         metrics.mark_ready()
         c = consumer(self.settings, group_id=f"{self.settings.topic_prefix}-trainer")
         c.subscribe([self.topics.triplets], on_assign=self._on_assign)
-        last_beat = 0.0
         try:
             while not self.stop_event.is_set():
                 if self._done():
@@ -179,11 +186,8 @@ class TrainerService:
                 window = self.windower.poll(time.monotonic()) if not self._done() else None
                 if window is not None:
                     self.train(window, c)
-                if time.monotonic() - last_beat > 1.0:
-                    health.beat(self.settings.data_dir, ROLE, **self.counters, **self.windower.stats.as_dict())
-                    last_beat = time.monotonic()
+                self.heartbeat.tick()
         finally:
-            health.beat(self.settings.data_dir, ROLE, **self.counters, **self.windower.stats.as_dict())
             c.close()
             self.events.flush()
 
@@ -253,16 +257,13 @@ def read_metrics(data_dir: Path) -> list[dict[str, Any]]:
 
 
 def run(settings: Settings, cfg: TrainerConfig | None = None) -> None:
-    """Run the trainer in the foreground until SIGINT/SIGTERM (or ``max_steps``)."""
+    """Run the trainer in the foreground until SIGINT/SIGTERM (or ``max_steps``); it is ready once the version it
+    starts from is published."""
+    Service(settings, ROLE, TRAINER_SERIES, ready_when_built=False).run(lambda s: start_trainer(s, cfg))
+
+
+def start_trainer(settings: Settings, cfg: TrainerConfig | None) -> TrainerService:
     torch.set_num_threads(1)
-    metrics.serve(settings, ROLE)
     service = TrainerService(settings, cfg)
     metrics.POLICY_VERSION.set(service.learner.version)
-    metrics.expose_stats(ROLE, lambda: service.counters, TRAINER_SERIES)
-
-    def stop(*_: Any) -> None:
-        service.stop_event.set()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    service.run()
+    return service

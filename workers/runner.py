@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 import traceback
+from collections.abc import Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
@@ -21,6 +22,7 @@ from litstream.infra import health, metrics
 from litstream.infra.kafka import Backpressure, commit_sync, consumer, poll_batch
 from litstream.infra.metrics import StatSeries
 from litstream.infra.producer import EventProducer
+from litstream.infra.service import Service
 from litstream.infra.settings import Settings
 from litstream.schemas.codec import DecodeError
 from litstream.schemas.events import AttemptStarted, RolloutOffered
@@ -52,7 +54,8 @@ class Runner:
     resources-published event reaches the next attempt without a restart."""
 
     def __init__(self, settings: Settings, agent: Any, concurrency: int = 1, heartbeat_s: float = 5.0,
-                 claim_wait_s: float = 120.0, drain_s: float = 30.0, progress_s: float = 5.0) -> None:
+                 claim_wait_s: float = 120.0, drain_s: float = 30.0, progress_s: float = 5.0,
+                 max_rollouts: int | None = None) -> None:
         self.settings = settings
         self.agent = as_agent(agent)
         self.drain_s = drain_s
@@ -61,7 +64,9 @@ class Runner:
         self.events = EventProducer(settings, role=ROLE)
         self.worker_id = self.events.producer_id
         self.stop_event = threading.Event()
+        self.max_rollouts = max_rollouts  # run() stops after claiming this many
         self.stats = {"claimed": 0, "claims_lost": 0, "succeeded": 0, "failed": 0, "spans": 0}
+        self.heartbeat = health.Heartbeat(settings.data_dir, ROLE, self.report)
         self.progress = Progress()
         self.progress_s = progress_s  # how often the progress line is logged
         self.claim_wait_s = claim_wait_s
@@ -75,6 +80,12 @@ class Runner:
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="agent")
         self._inflight: set[Future[None]] = set()
 
+    def report(self) -> Mapping[str, Any]:
+        return dict(self.stats)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
     def run(self, max_rollouts: int | None = None) -> None:
         """Serve offers until stopped (or ``max_rollouts`` attempts were claimed); then drain in-flight attempts.
 
@@ -86,15 +97,13 @@ class Runner:
                      **{"max.poll.interval.ms": 600_000})
         c.subscribe([self.events.topics.offers])
         gate = Backpressure(c)
-        last_beat = 0.0
+        max_rollouts = self.max_rollouts if max_rollouts is None else max_rollouts
         sent = 0
         try:
             while not self.stop_event.is_set():
                 if max_rollouts is not None and sent >= max_rollouts:
                     break
-                if time.monotonic() - last_beat > 2.0:
-                    health.beat(self.settings.data_dir, ROLE, **self.stats)
-                    last_beat = time.monotonic()
+                self.heartbeat.tick()
                 if self.progress.due(time.monotonic(), self.progress_s):
                     log.info("%s", self.progress.line())
                 limit = self.concurrency if max_rollouts is None else min(self.concurrency, max_rollouts - sent)
@@ -133,7 +142,6 @@ class Runner:
             log.info("%s (stopped)", self.progress.line())
             c.close()
             self.claims.close()
-            health.beat(self.settings.data_dir, ROLE, stopped=True, **self.stats)
 
     def _send_claim(self, value: bytes | None, topic: str, partition: int, offset: int,
                     key: bytes | None) -> tuple[RolloutOffered, AttemptStarted, Future[Any]] | None:
@@ -288,6 +296,12 @@ class Runner:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.events.flush()
         self.resources.close()
+
+
+def run(settings: Settings, agent: Any, **options: Any) -> None:
+    """Run ``agent`` in the foreground until SIGINT/SIGTERM (or ``max_rollouts`` claims), then drain: ``options``
+    are :class:`Runner`'s."""
+    Service(settings, ROLE, RUNNER_SERIES).run(lambda s: Runner(s, agent, **options))
 
 
 def _is_record(msg: Message) -> bool:

@@ -11,12 +11,14 @@ settings and the producer through ``context.context_of(request)``. A new module 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
 
 from aiohttp import web
 
 from litstream.infra import health
 from litstream.infra.producer import EventProducer
+from litstream.infra.service import AsyncProcess, Service
 from litstream.infra.settings import Settings
 from litstream.streams.store import LitStore
 
@@ -28,7 +30,7 @@ from .auth import OPEN_PATHS, bearer_auth
 from .context import CONTEXT, GatewayContext
 from .cors import cors, parse_origins
 
-__all__ = ["MAX_BODY", "OPEN_PATHS", "ROLE", "ROUTES", "build_app", "run"]
+__all__ = ["MAX_BODY", "OPEN_PATHS", "ROLE", "ROUTES", "GatewayProcess", "build_app", "run"]
 
 ROLE = "gateway"
 MAX_BODY = 4 << 20
@@ -41,22 +43,14 @@ ROUTES: tuple[web.RouteTableDef, ...] = (
 )
 
 
-def _heartbeat(ctx: GatewayContext) -> Callable[[web.Application], AsyncIterator[None]]:
-    """A cleanup context: the gateway's health beat while it serves; on the way out, what is still buffered is
-    sent."""
+def _flush_at_exit(ctx: GatewayContext) -> Callable[[web.Application], AsyncIterator[None]]:
+    """A cleanup context: on the way out, what is still buffered is sent."""
 
-    async def beat(_: web.Application) -> AsyncIterator[None]:
-        async def loop() -> None:
-            while True:
-                health.beat(ctx.settings.data_dir, ROLE)
-                await asyncio.sleep(HEARTBEAT_S)
-
-        task = asyncio.create_task(loop())
+    async def flush(_: web.Application) -> AsyncIterator[None]:
         yield
-        task.cancel()
         await asyncio.to_thread(ctx.events.flush)
 
-    return beat
+    return flush
 
 
 def _mount_store_apis(app: web.Application, settings: Settings, store: LitStore) -> None:
@@ -81,10 +75,30 @@ def build_app(settings: Settings) -> web.Application:
     app[CONTEXT] = ctx
     for table in ROUTES:
         app.add_routes(table)
-    app.cleanup_ctx.append(_heartbeat(ctx))
+    app.cleanup_ctx.append(_flush_at_exit(ctx))
     _mount_store_apis(app, settings, store)
     return app
 
 
+class GatewayProcess(AsyncProcess):
+    """The gateway as a process of the stack: the app served on ``host:port`` until stopped."""
+
+    def __init__(self, settings: Settings, host: str, port: int) -> None:
+        super().__init__(health.Heartbeat(settings.data_dir, ROLE, dict, HEARTBEAT_S))
+        self.runner = web.AppRunner(build_app(settings), handle_signals=False)
+        self.host, self.port = host, port
+
+    def report(self) -> Mapping[str, Any]:
+        return {}
+
+    async def start(self) -> None:
+        await self.runner.setup()
+        await web.TCPSite(self.runner, self.host, self.port).start()
+
+    async def shutdown(self) -> None:
+        await self.runner.cleanup()  # stops the site, then the app's cleanup (the store, the producer's flush)
+
+
 def run(settings: Settings, host: str, port: int) -> None:
-    web.run_app(build_app(settings), host=host, port=port, print=None)
+    """Serve in the foreground until SIGINT/SIGTERM."""
+    Service(settings, ROLE, ready_when_built=False).run(lambda s: GatewayProcess(s, host, port))

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
 from litstream.infra import health
 from litstream.infra.producer import EventProducer
+from litstream.infra.service import AsyncProcess, Service
 from litstream.infra.settings import Settings
 from litstream.streams.views import RolloutsView
 
@@ -74,16 +76,15 @@ class RunningServer:
     def base_url(self) -> str:
         return f"http://{self.options.host}:{self.port}/v1"
 
+    def report(self) -> Mapping[str, Any]:
+        return {"url": self.base_url, "version": self.server.backend.version, **self.server.stats,
+                **self.recorder.stats}
+
     async def _serve_reports(self) -> None:
-        """Delivery reports of the spans and heartbeats, and the health beat (about once a second), until stop.
-        Not cancelled: a poll left running in its thread would race the producer's close."""
+        """Delivery reports of the spans and heartbeats, until stop. Not cancelled: a poll left running in its
+        thread would race the producer's close."""
         while not self._stopping:
-            health.beat(self.settings.data_dir, ROLE, url=self.base_url, version=self.server.backend.version,
-                        **self.server.stats, **self.recorder.stats)
-            for _ in range(5):
-                if self._stopping:
-                    break
-                await asyncio.to_thread(self.producer.poll, 0.2)
+            await asyncio.to_thread(self.producer.poll, 0.2)
 
     async def stop(self) -> None:
         self._stopping = True
@@ -96,24 +97,30 @@ class RunningServer:
         await asyncio.to_thread(self.producer.close)  # delivers what is queued; its connections go now
         self.rollouts.close()
         self.server.backend.close()
-        health.beat(self.settings.data_dir, ROLE, stopped=True)
 
 
-async def _serve(settings: Settings, backend: Backend, options: ServerOptions) -> None:
-    running = RunningServer(settings, backend, options)
-    await running.start()
-    log.info("policy server on %s (model %s, version %d)", running.base_url, backend.model_name, backend.version)
-    print(f"policy server on {running.base_url} (model {backend.model_name}, version {backend.version})", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        await running.stop()
+class PolicyServerProcess(AsyncProcess):
+    """The policy server as a process of the stack: its health beat (about once a second) names its URL."""
+
+    def __init__(self, settings: Settings, backend: Backend, options: ServerOptions) -> None:
+        self.running = RunningServer(settings, backend, options)
+        super().__init__(health.Heartbeat(settings.data_dir, ROLE, self.running.report, every_s=1.0))
+
+    def report(self) -> Mapping[str, Any]:
+        return self.running.report()
+
+    async def start(self) -> None:
+        running, backend = self.running, self.running.server.backend
+        await running.start()
+        log.info("policy server on %s (model %s, version %d)", running.base_url, backend.model_name,
+                 backend.version)
+        print(f"policy server on {running.base_url} (model {backend.model_name}, version {backend.version})",
+              flush=True)
+
+    async def shutdown(self) -> None:
+        await self.running.stop()
 
 
 def run(settings: Settings, backend: Backend, options: ServerOptions) -> None:
     """Serve in the foreground until SIGINT/SIGTERM."""
-    asyncio.run(_serve(settings, backend, options))
+    Service(settings, ROLE, ready_when_built=False).run(lambda s: PolicyServerProcess(s, backend, options))
