@@ -7,7 +7,6 @@ import fcntl
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -20,7 +19,7 @@ from typing import IO, Any
 from litstream.infra import health
 from litstream.infra.broker import KafkaBroker
 from litstream.infra.kafka import create_topics, wait_for_broker
-from litstream.infra.processes import child_env
+from litstream.infra.processes import child_env, stop_process
 from litstream.infra.settings import Settings
 
 from .roles import Role, store_roles
@@ -147,13 +146,8 @@ class RoleProcess:
         return log_tail(self.log_path)
 
     def stop(self, timeout: float = 15.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        """SIGTERM (the child's service stops it cleanly), SIGKILL after ``timeout`` seconds."""
+        stop_process(self.proc, timeout)
         if self._pump_thread is not None:
             self._pump_thread.join(timeout=2.0)
         self._log.close()
