@@ -150,6 +150,12 @@ def _enqueued(state: RolloutState | None, ev: RolloutEnqueued) -> Outcome:
     return Outcome(new, accepted=True, offer=None if started else Offer(1))
 
 
+def claimable(state: RolloutState, attempt_sequence: int) -> bool:
+    """Whether a claim of attempt number ``attempt_sequence`` would be accepted now. Once false it stays false
+    for that number (attempts are only added), so an offer it fails for is stale for good."""
+    return state.status in QUEUING and len(state.attempts) + 1 == attempt_sequence
+
+
 def _attempt_started(state: RolloutState, ev: AttemptStarted) -> Outcome:
     expected = len(state.attempts) + 1
     if ev.force:  # start_attempt: bypasses the queue and max_attempts, and reopens a finished rollout

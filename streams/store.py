@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from typing import Any, Literal, TypeVar
@@ -65,6 +65,7 @@ from litstream.schemas.models import (
     new_rollout_id,
 )
 
+from . import fold
 from .resources import to_records
 from .rollout_replica import Folded, RolloutReplica
 from .state import rollout_from_snapshot
@@ -91,6 +92,7 @@ STORE_LINGER_MS = 0
 OFFER_READ_AHEAD = 4096
 OFFER_WAIT_S = 2.0
 OFFER_ORDER_WAIT_S = 0.5
+OFFER_IDLE_S = 10.0  # a store that served no dequeue for this long leaves the runners' group
 SPAN_HEARTBEAT_EVERY_S = 1.0  # spans count as heartbeats; one event per attempt this often is enough for the timers
 
 
@@ -220,11 +222,14 @@ class OfferLedger:
                 self._pending.setdefault(partition, set()).add(offset)
 
     def handled(self, offers: Iterable[tuple[int, int]]) -> dict[int, int]:
-        """Mark offers handled; the new commit position of each partition that moved forward."""
+        """Mark offers handled; the new commit position of each partition that moved forward. A negative offset
+        marks an offer this store made itself (``LitStore._offer_own_enqueues``)."""
         moved: dict[int, int] = {}
         with self._lock:
             touched = set()
             for partition, offset in offers:
+                if offset < 0:
+                    continue  # an offer made here, not read from the topic: nothing to commit
                 self._pending.get(partition, set()).discard(offset)
                 self._next[partition] = max(self._next.get(partition, 0), offset + 1)
                 touched.add(partition)
@@ -305,12 +310,15 @@ class LitStore:
         # so a dequeue never waits for a thread of the shared pool, and the pool's never wait for it.
         self._offers_thread = ThreadPoolExecutor(1, thread_name_prefix="offers")
         self._dequeue_lock = asyncio.Lock()
+        self._dequeuing = 0  # dequeue calls in progress
+        self._last_dequeue = 0.0  # when the last one ended (monotonic)
         self._span_keys: OrderedDict[_SpanKey, None] = OrderedDict()  # own writes, bounded
         self._span_offsets: dict[int, int] = {}  # spans partition -> highest offset this store wrote
         self._beats: OrderedDict[tuple[str, str], float] = OrderedDict()  # attempt -> when spans last beat it
-        # Rollouts enqueued here whose offer this store has not read yet: rollout id -> (partition, when).
-        self._unoffered: OrderedDict[str, tuple[int, float]] = OrderedDict()
-        self._unoffered_lock = threading.Lock()
+        # Rollouts enqueued here, with their partition, once the broker holds them: the offers thread puts those
+        # of its own partitions on offer at once (``_own_offer``), without waiting for the processor's offer.
+        self._enqueued_here: deque[tuple[RolloutEnqueued, int]] = deque(maxlen=OFFER_READ_AHEAD)
+        self._own_offers = 0
         self._started = time.time()
         # Delivery reports are served by a thread of their own, so a call waits for its acknowledgement (or its
         # failure) as an asyncio future, not by flushing the producer from a thread of the pool.
@@ -367,9 +375,8 @@ class LitStore:
                     _fail_on_error(fut)(err, msg)
                 return
             partition = int(msg.partition() or 0)
-            if isinstance(event, RolloutEnqueued):
-                with self._unoffered_lock:
-                    self._unoffered[event.rollout_id] = (partition, time.monotonic())
+            if isinstance(event, RolloutEnqueued) and event.start_attempt_id is None:
+                self._enqueued_here.append((event, partition))
             self.rollouts.acknowledged(partition, int(msg.offset() or 0), event)
 
         return report
@@ -500,6 +507,18 @@ class LitStore:
         Only taking offers from the consumer is serialised (they share it); the claims of concurrent calls travel
         through the log side by side, and each call awaits its own outcomes.
         """
+        self._dequeuing += 1
+        try:
+            out = await self._claim_offers(limit, worker_id)
+        finally:
+            self._dequeuing -= 1
+            self._last_dequeue = time.monotonic()
+            asyncio.get_running_loop().call_later(OFFER_IDLE_S, self._leave_offers_if_idle)
+        if not out and worker_id is not None:
+            await self._observe_worker(worker_id, "empty_dequeue")
+        return out
+
+    async def _claim_offers(self, limit: int, worker_id: str | None) -> list[AttemptedRollout]:
         out: list[AttemptedRollout] = []
         loop = asyncio.get_running_loop()
         while len(out) < limit:
@@ -507,6 +526,9 @@ class LitStore:
                 offers = await loop.run_in_executor(self._offers_thread, self._next_offers, limit - len(out))
             if not offers:
                 break
+            offers = self._drop_stale(offers)
+            if not offers:
+                continue
             claims = [AttemptStarted(meta=self.events.factory.meta(o.rollout_id), attempt_id=new_attempt_id(),
                                      sequence_id=o.attempt_sequence, start_time=time.time(), worker_id=worker_id)
                       for o, _ in offers]
@@ -520,9 +542,41 @@ class LitStore:
                     result = rollout_from_snapshot(done.snapshot)
                     assert isinstance(result, AttemptedRollout)
                     out.append(result)
-        if not out and worker_id is not None:
-            await self._observe_worker(worker_id, "empty_dequeue")
         return out
+
+    def _drop_stale(self, offers: list[tuple[RolloutOffered, tuple[int, int]]]
+                    ) -> list[tuple[RolloutOffered, tuple[int, int]]]:
+        """The offers whose claim could still win, as this store's replica knows the rollout: one it shows already
+        claimed (by a runner, or through the other offer of a rollout enqueued here) is handled without a claim."""
+        fresh: list[tuple[RolloutOffered, tuple[int, int]]] = []
+        stale: list[tuple[RolloutOffered, tuple[int, int]]] = []
+        for offer, where in offers:
+            state = self.rollouts.states.get(offer.rollout_id)
+            (fresh if state is None or fold.claimable(state, offer.attempt_sequence) else stale).append((offer, where))
+        if stale:
+            self._commit_offers(self._offer_ledger.handled(where for _, where in stale))
+        return fresh
+
+    def _leave_offers_if_idle(self) -> None:
+        """Leave the runners' group once no dequeue came for ``OFFER_IDLE_S``: a member that stops polling keeps
+        its partitions (and stalls the group's rebalances) until the broker evicts it minutes later, so offers
+        there would reach no runner. Offers read ahead but not claimed were never committed: the partitions' next
+        owners read them again. The next dequeue joins again."""
+        if (self._offers is None or self._dequeuing
+                or time.monotonic() - self._last_dequeue < OFFER_IDLE_S - 0.01):
+            return
+        self._offers_thread.submit(self._leave_offers)
+
+    def _leave_offers(self) -> None:
+        if self._offers is None or self._dequeuing:
+            return
+        leaving, self._offers = self._offers, None
+        try:
+            leaving.close()  # commits nothing of its own (auto commit is off) and leaves the group at once
+        except Exception as exc:  # noqa: BLE001 - the broker is gone: the group evicts this member in time
+            log.warning("leaving the runners' group failed: %s", exc)
+        self._offer_ends, self._offer_ledger, self._offer_queue = PartitionEnds(), OfferLedger(), OfferQueue()
+        self._offer_heard, self._offer_partitions_heard = set(), False
 
     def _commit_offers(self, positions: dict[int, int]) -> None:
         """Commit the offers consumer's positions on its thread, not waited for: a lost commit only means an
@@ -557,13 +611,11 @@ class LitStore:
                     break
                 self._queue_offers(msgs)
             assigned = {tp.partition for tp in self._offers.assignment()}
-            own_coming = self._own_offers_coming(assigned)
-            if len(self._offer_queue) and self._offer_partitions_heard and not own_coming:
+            self._offer_own_enqueues(assigned)
+            if len(self._offer_queue) and self._offer_partitions_heard:
                 return self._offer_queue.pop(limit)
             waited = time.monotonic() - start
-            if own_coming:
-                pass  # an offer of a rollout enqueued here is on its way to this consumer: wait for it
-            elif len(self._offer_queue):
+            if len(self._offer_queue):
                 # Just assigned, a partition may not have answered yet: an older offer may be on its way there.
                 self._offer_partitions_heard = assigned <= self._offer_ends.at_end | self._offer_heard
                 if self._offer_partitions_heard or waited >= OFFER_ORDER_WAIT_S:
@@ -574,22 +626,21 @@ class LitStore:
             if msg is not None:
                 self._queue_offers([msg])
 
-    def _own_offers_coming(self, assigned: set[int]) -> bool:
-        """Whether a rollout enqueued here awaits its offer on a partition this consumer reads, so a dequeue right
-        after an enqueue finds it, as in the reference. Bounded: after ``wait_s`` (the processor is down, far
-        behind, or dead-lettered it) it is no longer waited for; its offer comes whenever it is folded."""
-        with self._unoffered_lock:
-            if not self._unoffered:
-                return False
-            now = time.monotonic()
-            while self._unoffered:
-                rid, (_, since) = next(iter(self._unoffered.items()))
-                if now - since < self.wait_s:
-                    break
-                del self._unoffered[rid]
-                log.warning("rollout %s enqueued here was not offered within %.0fs; dequeues no longer wait for "
-                            "it", rid, self.wait_s)
-            return any(p in assigned for p, _ in self._unoffered.values())
+    def _offer_own_enqueues(self, assigned: set[int]) -> None:
+        """Put rollouts enqueued here on offer at once when their partition is this consumer's: the processor's
+        offer would bring the same rollout one trip through the log later (a dequeue right after an enqueue finds
+        it, as in the reference). The processor's offer still comes; whichever is claimed first wins (the fold
+        takes one claim per attempt) and the other is stale (:meth:`_stale`)."""
+        while self._enqueued_here:
+            event, partition = self._enqueued_here.popleft()
+            if partition not in assigned:
+                continue  # that partition's consumer hands it out, from the processor's offer
+            offer = RolloutOffered.trusted(meta=event.meta, attempt_sequence=1, input=event.input, mode=event.mode,
+                                           resources_id=event.resources_id, config=event.config,
+                                           metadata=event.metadata)
+            self._own_offers += 1
+            self._offer_queue.push(offer_queue_time(offer, self.rollouts.snapshots.get(event.rollout_id)), offer,
+                                   (partition, -self._own_offers))  # no offset: nothing to commit
 
     def _join_offers(self) -> None:
         self._offers = consumer(self.settings, group_id=f"{self.settings.topic_prefix}-runners",
@@ -613,9 +664,6 @@ class LitStore:
             offer = self._decode_offer(msg.value())
             if offer is None:
                 continue
-            if self._unoffered:
-                with self._unoffered_lock:
-                    self._unoffered.pop(offer.rollout_id, None)
             self._offer_queue.push(offer_queue_time(offer, self.rollouts.snapshots.get(offer.rollout_id)), offer, where)
             taken.append(where)
         self._offer_ledger.taken(taken)

@@ -12,6 +12,7 @@ import pytest
 from litstream.app.stack import Stack
 from litstream.infra.settings import Settings
 from litstream.schemas.models import LLM, EnqueueRolloutRequest, PromptTemplate, RolloutConfig, Span
+from litstream.streams import store as store_module
 from litstream.streams.store import LitStore
 
 
@@ -163,5 +164,33 @@ def test_an_enqueue_is_durable_before_the_processor_folds_it(settings: Settings)
                 assert all(r.attempt.status == "preparing" for r in claimed)
         finally:
             await store.close()
+
+    run(scenario())
+
+
+def test_a_store_that_stops_dequeuing_leaves_its_offers_to_the_others(pipeline: Settings,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gateway that served one dequeue joined the runners' group and holds offer partitions; once it serves no
+    more it must leave them, or the offers there would wait for it (a member that stops polling keeps them until
+    the broker evicts it, minutes later) while another runner asks for work."""
+    monkeypatch.setattr(store_module, "OFFER_IDLE_S", 2.0)
+
+    async def scenario() -> None:
+        gateway, runner = LitStore(pipeline), LitStore(pipeline)
+        try:
+            await gateway.wait_until_ready()
+            await runner.wait_until_ready()
+            first = await gateway.enqueue_rollout({"q": 0})
+            claimed = await gateway.dequeue_rollout(worker_id="gateway")  # joins the group: every partition
+            assert claimed is not None and claimed.rollout_id == first.rollout_id
+            rest = await gateway.enqueue_many_rollouts([EnqueueRolloutRequest(input={"q": i}) for i in range(1, 9)])
+            got: list[str] = []
+            deadline = time.monotonic() + 90
+            while len(got) < len(rest) and time.monotonic() < deadline:
+                got += [r.rollout_id for r in await runner.dequeue_many_rollouts(limit=len(rest))]
+            assert sorted(got) == sorted(r.rollout_id for r in rest)
+        finally:
+            await gateway.close()
+            await runner.close()
 
     run(scenario())
