@@ -68,6 +68,7 @@ from litstream.schemas.models import (
 from . import fold
 from .resources import to_records
 from .rollout_replica import Folded, RolloutReplica
+from .span_beats import SpanBeats
 from .state import rollout_from_snapshot
 from .views import ResourcesView, TopicFollower, WorkersView
 from .workers import attempt_observations
@@ -93,18 +94,15 @@ OFFER_READ_AHEAD = 4096
 OFFER_WAIT_S = 2.0
 OFFER_ORDER_WAIT_S = 0.5
 OFFER_IDLE_S = 10.0  # a store that served no dequeue for this long leaves the runners' group
-SPAN_HEARTBEAT_EVERY_S = 1.0  # spans count as heartbeats; one event per attempt this often is enough for the timers
 
 
-def span_heartbeat_due(snap: RolloutSnapshot | None, attempt_id: str, max_sequence_id: int,
-                       last_sent: float | None, now: float) -> bool:
-    """Whether spans just written need an ``AttemptHeartbeat`` on the log (pure). A beat per span call would make
-    the lifecycle processor fold and snapshot every span; one is due when it changes something: the attempt is
-    not running yet (the beat starts or revives it), a span carries a sequence id the log has not reserved (the
-    beat moves the counter past it), or the last beat from here is ``SPAN_HEARTBEAT_EVERY_S`` old."""
-    if snap is None or last_sent is None or now - last_sent >= SPAN_HEARTBEAT_EVERY_S:
+def span_beat_urgent(snap: RolloutSnapshot | None, attempt_id: str, max_sequence_id: int | None) -> bool:
+    """Whether spans just written need their ``AttemptHeartbeat`` now rather than within the throttle's second
+    (``span_beats``), because it changes something (pure): the attempt is not running yet (the beat starts or
+    revives it), or a span carries a sequence id the log has not reserved (the beat moves the counter past it)."""
+    if snap is None:
         return True
-    if max_sequence_id >= snap.next_sequence_id:
+    if max_sequence_id is not None and max_sequence_id >= snap.next_sequence_id:
         return True
     attempt = next((a for a in snap.attempts if a.attempt_id == attempt_id), None)
     return attempt is None or attempt.status != "running"
@@ -314,7 +312,7 @@ class LitStore:
         self._last_dequeue = 0.0  # when the last one ended (monotonic)
         self._span_keys: OrderedDict[_SpanKey, None] = OrderedDict()  # own writes, bounded
         self._span_offsets: dict[int, int] = {}  # spans partition -> highest offset this store wrote
-        self._beats: OrderedDict[tuple[str, str], float] = OrderedDict()  # attempt -> when spans last beat it
+        self._span_beats = SpanBeats()
         # Rollouts enqueued here, with their partition, once the broker holds them: the offers thread puts those
         # of its own partitions on offer at once (``_own_offer``), without waiting for the processor's offer.
         self._enqueued_here: deque[tuple[RolloutEnqueued, int]] = deque(maxlen=OFFER_READ_AHEAD)
@@ -871,15 +869,12 @@ class LitStore:
         top: dict[tuple[str, str], int] = {}
         for (rid, aid, _), seq, _value in batch:
             top[(rid, aid)] = max(top.get((rid, aid), 0), seq)
-        now = time.time()
-        beats = {attempt: seq for attempt, seq in top.items()
-                 if span_heartbeat_due(self.rollouts.snapshots.get(attempt[0]), attempt[1], seq,
-                                       self._beats.get(attempt), now)}
-        for attempt in beats:
-            self._beats[attempt] = now
-            self._beats.move_to_end(attempt)
-        while len(self._beats) > 100_000:
-            self._beats.popitem(last=False)
+        beats: dict[tuple[str, str], int | None] = {}
+        for (rid, aid), seq in top.items():
+            self._span_beats.spans(rid, aid, seq)
+            urgent = span_beat_urgent(self.rollouts.snapshots.get(rid), aid, seq)
+            if (due := self._span_beats.due_for(rid, aid, urgent)) is not None:
+                beats[(rid, aid)] = due.max_sequence_id
         acked, report = self._acks(len(batch) + len(beats))
 
         def span_report(err: Any, msg: Any) -> None:

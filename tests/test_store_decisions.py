@@ -4,12 +4,12 @@ spans need a heartbeat on the log (and when the call waits for it)."""
 from __future__ import annotations
 
 from litstream.schemas.events import AttemptSnapshot, EventFactory, RolloutOffered, RolloutSnapshot
+from litstream.streams.span_beats import SPAN_HEARTBEAT_EVERY_S, SpanBeats
 from litstream.streams.store import (
-    SPAN_HEARTBEAT_EVERY_S,
     OfferLedger,
     OfferQueue,
     offer_queue_time,
-    span_heartbeat_due,
+    span_beat_urgent,
     span_heartbeat_shows,
 )
 
@@ -81,12 +81,41 @@ def test_a_span_call_waits_for_a_beat_that_changes_what_readers_see() -> None:
 
 
 def test_spans_beat_when_the_beat_changes_something_and_at_most_once_a_second_otherwise() -> None:
-    now = 1000.0
-    assert span_heartbeat_due(_snap(), "at-1", 3, last_sent=None, now=now)  # the first from this store
-    assert not span_heartbeat_due(_snap(), "at-1", 3, last_sent=now - 0.2, now=now)  # running, ids reserved
-    assert span_heartbeat_due(_snap(), "at-1", 3, last_sent=now - SPAN_HEARTBEAT_EVERY_S, now=now)
-    assert span_heartbeat_due(_snap("preparing"), "at-1", 3, last_sent=now - 0.2, now=now)  # it starts the attempt
-    assert span_heartbeat_due(_snap("unresponsive"), "at-1", 3, last_sent=now - 0.2, now=now)  # it revives it
-    assert span_heartbeat_due(_snap(next_sequence_id=11), "at-1", 11, last_sent=now - 0.2, now=now)  # moves the counter
-    assert span_heartbeat_due(_snap(), "at-other", 3, last_sent=now - 0.2, now=now)  # an attempt not seen yet
-    assert span_heartbeat_due(None, "at-1", 3, last_sent=now - 0.2, now=now)
+    now = [1000.0]
+    beats = SpanBeats(clock=lambda: now[0])
+
+    def due(snap: RolloutSnapshot | None, attempt_id: str, seq: int) -> bool:
+        beats.spans("ro-1", attempt_id, seq)
+        return beats.due_for("ro-1", attempt_id, span_beat_urgent(snap, attempt_id, seq)) is not None
+
+    assert due(_snap(), "at-1", 3)  # the first from this writer
+    now[0] += 0.2
+    assert not due(_snap(), "at-1", 3)  # running, ids reserved
+    now[0] += SPAN_HEARTBEAT_EVERY_S
+    assert due(_snap(), "at-1", 3)
+    now[0] += 0.2
+    assert due(_snap("preparing"), "at-1", 3)  # it starts the attempt
+    now[0] += 0.2
+    assert due(_snap("unresponsive"), "at-1", 3)  # it revives it
+    now[0] += 0.2
+    assert due(_snap(next_sequence_id=11), "at-1", 11)  # moves the counter
+    now[0] += 0.2
+    assert due(_snap(), "at-other", 3)  # an attempt not seen yet
+    now[0] += 0.2
+    assert due(None, "at-1", 3)
+
+
+def test_a_held_back_beat_carries_every_id_used_since_the_last() -> None:
+    now = [0.0]
+    beats = SpanBeats(clock=lambda: now[0])
+    beats.spans("ro-1", "at-1", 4, worker_id="w")
+    assert [b.max_sequence_id for b in beats.due()] == [4]
+    beats.spans("ro-1", "at-1", 9)
+    beats.spans("ro-1", "at-1", 7)
+    assert beats.due() == []  # within the second
+    now[0] += SPAN_HEARTBEAT_EVERY_S
+    (beat,) = beats.due()
+    assert (beat.max_sequence_id, beat.worker_id) == (9, "w")
+    assert beats.due(force=True) == []  # nothing new since
+    beats.spans("ro-1", "at-1", 10)
+    assert [b.max_sequence_id for b in beats.due(force=True)] == [10]  # force: before the attempt ends

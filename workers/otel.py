@@ -36,8 +36,8 @@ alone; the heartbeats below carry the highest id used, so the rollout's counter 
 
 **Heartbeats.** Spans count as heartbeats, but the lifecycle processor does not read spans: like the SDK, this
 processor sends an ``AttemptHeartbeat`` (with ``max_sequence_id``) for an attempt when it produces a span and the
-last beat is older than :data:`SPAN_HEARTBEAT_S`; a beat held back by that throttle is sent within a second, or at
-the next flush.
+last beat is older than a second (``streams/span_beats.py``, the one policy of every writer of spans); a beat held
+back by that throttle is sent within a second, or at the next flush.
 
 **GenAI semantic conventions.** ``gen_ai.*`` attributes pass through unchanged. Token usage has two spellings in
 the wild: ``gen_ai.usage.input_tokens`` / ``output_tokens`` (current conventions) and ``gen_ai.usage.prompt_tokens`` /
@@ -53,7 +53,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.context import Context
@@ -68,9 +68,10 @@ from litstream.schemas.events import (
     EventFactory,
     SpanRecorded,
 )
+from litstream.streams.span_beats import SpanBeats
 
 from .emitters import current_context
-from .sdk import SPAN_HEARTBEAT_S, AttemptContext
+from .sdk import AttemptContext
 
 log = logging.getLogger("litstream.otel")
 
@@ -82,7 +83,6 @@ TOKEN_ALIASES = (("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens"),
 WARN_EVERY_S = 10.0
 _INT64_MAX = 2**63 - 1
 SPAN_RECORD = SpanRecorded.avro_name
-_STALE_BEAT_S = 300.0  # forget an attempt's heartbeat state this long after its last span
 
 
 @dataclass(frozen=True)
@@ -95,15 +95,6 @@ class _Queued:
     sequence_id: int
     resources_id: str | None
     worker_id: str | None
-
-
-@dataclass
-class _Beat:
-    max_sequence_id: int = 0
-    last_sent: float = float("-inf")  # monotonic
-    dirty: bool = False
-    last_span: float = field(default_factory=time.monotonic)
-    worker_id: str | None = None
 
 
 # --- conversion (pure) -------------------------------------------------------------------------------------
@@ -202,7 +193,7 @@ class KafkaSpanProcessor(SpanProcessor):
                        "heartbeats": 0}
         self._exported = 0  # spans taken off the queue and handled (sent or dropped as invalid)
         self._counters: dict[str, int] = {}
-        self._beats: dict[tuple[str, str], _Beat] = {}
+        self._beats = SpanBeats()
         self._last_warning: dict[str, float] = {}
         self._closed = False
         self._stop = threading.Event()
@@ -315,25 +306,15 @@ class KafkaSpanProcessor(SpanProcessor):
             self._done.notify_all()
 
     def _note_beat(self, item: _Queued) -> None:
-        with self._lock:
-            beat = self._beats.setdefault((item.rollout_id, item.attempt_id), _Beat())
-            beat.max_sequence_id = max(beat.max_sequence_id, item.sequence_id)
-            beat.dirty, beat.last_span = True, time.monotonic()
-            beat.worker_id = item.worker_id or beat.worker_id
+        self._beats.spans(item.rollout_id, item.attempt_id, item.sequence_id, item.worker_id)
 
     def _send_beats(self, force: bool) -> None:
-        """A heartbeat per attempt with new spans, at most once per SPAN_HEARTBEAT_S unless ``force``."""
-        now = time.monotonic()
-        due: list[tuple[str, str, _Beat]] = []
+        """A heartbeat per attempt with new spans, as ``span_beats`` says (all pending ones when ``force``)."""
+        due = self._beats.due(force)
         with self._lock:
-            for (rid, aid), beat in list(self._beats.items()):
-                if beat.dirty and (force or now - beat.last_sent > SPAN_HEARTBEAT_S):
-                    beat.dirty, beat.last_sent = False, now
-                    due.append((rid, aid, beat))
-                elif not beat.dirty and now - beat.last_span > _STALE_BEAT_S:
-                    del self._beats[(rid, aid)]
             self._stats["heartbeats"] += len(due)
-        for rid, aid, beat in due:
+        for beat in due:
+            rid, aid = beat.rollout_id, beat.attempt_id
             try:
                 self.producer.send(self.producer.topics.rollout_events, AttemptHeartbeat(
                     meta=self.producer.factory.meta(rid), attempt_id=aid, time=time.time(),

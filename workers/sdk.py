@@ -24,6 +24,7 @@ from litstream.schemas.events import (
     ResourceRecord,
     SpanRecorded,
 )
+from litstream.streams.span_beats import SpanBeats
 
 from .attributes import (
     MAX_ATTRIBUTES,
@@ -35,10 +36,6 @@ from .attributes import (
 from .semconv import ANNOTATION_SPAN, reward_attributes
 
 REWARD_SPAN = ANNOTATION_SPAN
-# Spans count as heartbeats (as in the reference), but the lifecycle processor does not read spans: the emitter
-# sends an explicit heartbeat with a span when the last one is older than this. See docs/guarantees.md,
-# "Heartbeats".
-SPAN_HEARTBEAT_S = 1.0
 # How long ``finish`` waits for the attempt's own spans to be delivered in the producer's normal batches before it
 # forces them out with a flush. A flush sends every queued record of the process at once, in small batches, and
 # does not make a busy broker answer sooner: with 0.5 s here, a loaded broker's slower acks turned most attempts'
@@ -106,7 +103,8 @@ class AttemptContext:
                                                    "agentlightning.attempt_id": attempt_id})
         self.spans_emitted = 0
         self.last_reward: float | None = None  # the primary value of the latest reward emitted (progress lines)
-        self._last_beat = float("-inf")
+        # Spans count as heartbeats, but the lifecycle processor reads no spans: see streams/span_beats.py.
+        self._beats = SpanBeats()
         self._undelivered = 0  # this attempt's spans not yet acknowledged by the broker
         self._span_errors: list[str] = []
 
@@ -157,8 +155,9 @@ class AttemptContext:
             self._undelivered += 1
         self.producer.send(self.producer.topics.spans, span, on_delivery=self._span_delivered)
         self.spans_emitted += 1
-        if time.monotonic() - self._last_beat > SPAN_HEARTBEAT_S:
-            self.heartbeat()
+        self._beats.spans(self.rollout_id, self.attempt_id, self.max_sequence_id)
+        if self._beats.due_for(self.rollout_id, self.attempt_id) is not None:
+            self._send_heartbeat()
 
     def emit_reward(self, value: float | dict[str, float], primary_key: str | None = None) -> None:
         """Record a reward as the reference does: an ``agentlightning.annotation`` span (see emitters.py)."""
@@ -173,7 +172,11 @@ class AttemptContext:
     # -- lifecycle --
     def heartbeat(self) -> None:
         """Say the attempt is alive; also moves the rollout's span counter past the ids used here."""
-        self._last_beat = time.monotonic()
+        self._beats.spans(self.rollout_id, self.attempt_id, self.max_sequence_id)
+        self._beats.due_for(self.rollout_id, self.attempt_id, urgent=True)  # sent now: the next span's is a second off
+        self._send_heartbeat()
+
+    def _send_heartbeat(self) -> None:
         used = self.max_sequence_id
         self.producer.send(self.producer.topics.rollout_events, AttemptHeartbeat(
             meta=self.producer.factory.meta(self.rollout_id), attempt_id=self.attempt_id, time=time.time(),

@@ -29,13 +29,13 @@ from litstream.schemas.events import (
 )
 from litstream.schemas.models import FINISHED
 from litstream.schemas.policy import UNATTRIBUTED
+from litstream.streams.span_beats import SpanBeats
 from litstream.streams.views import RolloutsView
 
 from ..attributes import check_span_attributes
 from .openai_api import ApiError
 
 log = logging.getLogger("litstream.policy_server")
-HEARTBEAT_EVERY_S = 1.0
 ATTEMPT_LOOKUP_S = 5.0  # how long a call waits for the snapshot naming its attempt (the view may lag a claim)
 RESERVE_WAIT_S = 10.0
 ENDED = frozenset({"succeeded", "failed", "timeout", "unresponsive"})
@@ -71,7 +71,7 @@ class SpanRecorder:
         self.service_name = service_name
         self._lock = threading.Lock()
         self._local_seq = 0
-        self._beats: dict[tuple[str, str], float] = {}
+        self._beats = SpanBeats()
         self._fallback_next: dict[str, int] = {}
         self.stats = {"spans": 0, "unattributed": 0, "reserve_fallbacks": 0, "heartbeats": 0}
 
@@ -155,19 +155,14 @@ class SpanRecorder:
         self._beat(scope, first_sequence_id + len(drafts) - 1)
 
     def _beat(self, scope: CallScope, max_sequence_id: int) -> None:
-        key = (scope.rollout_id, scope.attempt_id)
-        with self._lock:
-            due = time.monotonic() - self._beats.get(key, float("-inf")) >= HEARTBEAT_EVERY_S
-            if due:
-                self._beats[key] = time.monotonic()
-                if len(self._beats) > 100_000:  # forget the oldest attempts' beat times
-                    for old in list(self._beats)[:50_000]:
-                        del self._beats[old]
-        if due:
+        """The attempt's heartbeat, if ``span_beats`` says one is due (a held-back one goes with a later call)."""
+        self._beats.spans(scope.rollout_id, scope.attempt_id, max_sequence_id)
+        beat = self._beats.due_for(scope.rollout_id, scope.attempt_id)
+        if beat is not None:
             self.stats["heartbeats"] += 1
             self.producer.send(self.producer.topics.rollout_events, AttemptHeartbeat(
                 meta=self.producer.factory.meta(scope.rollout_id), attempt_id=scope.attempt_id, time=time.time(),
-                max_sequence_id=max_sequence_id))
+                max_sequence_id=beat.max_sequence_id))
 
 
 def _within_limits(attributes: dict[str, AttrValue]) -> dict[str, AttrValue]:
