@@ -428,15 +428,39 @@ class LitStore:
             return None
 
     async def _outcome(self, fut: Future[Folded], event: Event) -> Folded:
+        (done,) = await self._outcomes([fut], [event])
+        return done
+
+    async def _outcomes(self, futures: Sequence[Future[Folded]], events: Sequence[Event]) -> list[Folded]:
+        """What each event did, once all are answered: one wake-up of the event loop for the batch, not one
+        future, timer and thread hand-over per event (a third of an enqueue's cost in ``enqueue_many``)."""
+        loop = asyncio.get_running_loop()
+        all_answered: asyncio.Future[None] = loop.create_future()
+        left = [len(futures)]
+        lock = threading.Lock()
+
+        def settle() -> None:
+            if not all_answered.done():
+                all_answered.set_result(None)
+
+        def answered(_fut: Future[Folded]) -> None:
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                loop.call_soon_threadsafe(settle)
+
+        for fut in futures:
+            fut.add_done_callback(answered)
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(fut), timeout=self.wait_s)
-        except StoreError:
-            self.rollouts.forget(event.meta.event_id)
-            raise
+            await asyncio.wait_for(all_answered, timeout=self.wait_s)
         except TimeoutError:
-            self.rollouts.forget(event.meta.event_id)
-            raise StoreError(f"no answer within {self.wait_s:.0f}s for {type(event).__name__} of {event.rollout_id}: "
+            for event in events:
+                self.rollouts.forget(event.meta.event_id)
+            late = next((e for f, e in zip(futures, events) if not f.done()), events[0])
+            raise StoreError(f"no answer within {self.wait_s:.0f}s for {type(late).__name__} of {late.rollout_id}: "
                              "the log was not read back to it; is the broker up? (litstream status)") from None
+        return [fut.result() for fut in futures]  # a write the broker refused raises its StoreError here
 
     @staticmethod
     def _accepted(done: Folded) -> RolloutSnapshot:
@@ -474,7 +498,7 @@ class LitStore:
         """Enqueue new rollouts; returns once the broker holds them and the replica has folded them (nothing can
         refuse a new id). A processor that is down delays the offer, not the enqueue."""
         futures = self._send_lifecycle(events)
-        return [rollout_from_snapshot(self._accepted(await self._outcome(f, e))) for f, e in zip(futures, events)]
+        return [rollout_from_snapshot(self._accepted(done)) for done in await self._outcomes(futures, events)]
 
     async def start_rollout(self, input: Any, mode: Any = None, resources_id: str | None = None,
                             config: RolloutConfig | None = None, metadata: dict[str, Any] | None = None,
@@ -532,7 +556,7 @@ class LitStore:
                       for o, _ in offers]
             futures = self._send_lifecycle(claims)
             try:
-                answers = [await self._outcome(f, c) for f, c in zip(futures, claims)]
+                answers = await self._outcomes(futures, claims)
             finally:  # every claim's outcome is known (or given up on): those offers are handled, whoever won
                 self._commit_offers(self._offer_ledger.handled(where for _, where in offers))
             for done in answers:
@@ -783,8 +807,8 @@ class LitStore:
         events = [SequenceRequested(meta=self.events.factory.meta(rid), attempt_id=aid, count=n) for rid, aid, n in runs]
         futures = self._send_lifecycle(events)
         ids: list[int] = []
-        for f, e in zip(futures, events):
-            snap = self._accepted(await self._outcome(f, e))
+        for done, e in zip(await self._outcomes(futures, events), events):
+            snap = self._accepted(done)
             assert snap.last_reserved is not None
             ids.extend(range(snap.last_reserved, snap.last_reserved + e.count))
         return ids
