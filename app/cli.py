@@ -642,10 +642,11 @@ def policy_server(host: str | None, port: int | None, checkpoint: str | None, mo
 @click.option("--mode", type=click.Choice(["train", "val", "test"]), default=None)
 @click.option("--max-attempts", default=1, show_default=True)
 def enqueue(input_json: str, count: int, mode: str | None, max_attempts: int) -> None:
-    """Enqueue COUNT rollouts whose task input is INPUT_JSON; prints each rollout id once the broker has it."""
+    """Enqueue COUNT rollouts whose task input is INPUT_JSON, to run with the latest resources published; prints
+    each rollout id once the broker has it."""
     from litstream.infra.producer import EventProducer
     from litstream.schemas.models import RolloutConfig
-    from litstream.workers.client import enqueue_rollout
+    from litstream.workers.client import enqueue_rollout, latest_resources_id
 
     try:
         task = json.loads(input_json)
@@ -655,8 +656,12 @@ def enqueue(input_json: str, count: int, mode: str | None, max_attempts: int) ->
     _broker(settings)
     events = EventProducer(settings, role="cli")
     config = RolloutConfig(max_attempts=max_attempts)
-    ids = [enqueue_rollout(events, task, mode=mode, config=config).rollout_id  # type: ignore[arg-type]
-           for _ in range(count)]
+    try:
+        pinned = latest_resources_id(settings, events)  # as the reference's store does at enqueue
+    except (LookupError, TimeoutError) as exc:
+        _fail(str(exc))
+    ids = [enqueue_rollout(events, task, mode=mode, config=config,  # type: ignore[arg-type]
+                           resources_id=pinned).rollout_id for _ in range(count)]
     try:
         events.flush(timeout=15.0)  # the ids mean something only once the broker acknowledged the events
     except (RuntimeError, TimeoutError) as exc:

@@ -183,3 +183,29 @@ def test_services_collect_young_objects_less_often() -> None:
         assert gc.get_threshold() == (YOUNG_COLLECTION_THRESHOLD, *before[1:])
     finally:
         gc.set_threshold(*before)
+
+
+def test_enqueue_pins_the_latest_resources(processor_running: Settings) -> None:
+    """As the reference's store does: a rollout enqueued without resources runs with the latest published."""
+    import asyncio
+
+    from litstream.schemas.models import LLM
+    from litstream.streams.stateview import StateView
+    from litstream.streams.store import LitStore
+
+    async def publish() -> str:
+        store = LitStore(processor_running)
+        try:
+            await store.wait_until_ready()
+            update = await store.add_resources({"main_llm": LLM(endpoint="http://127.0.0.1:1/v1", model="m")})
+            return update.resources_id
+        finally:
+            await store.close()
+
+    latest = asyncio.run(publish())
+    enq = _cli(processor_running, "enqueue", "{}")
+    assert enq.returncode == 0, enq.stderr
+    rid = enq.stdout.strip()
+    with StateView(processor_running) as view:
+        snap = view.wait_for(lambda: view.snapshots.get(rid), timeout=30)
+    assert snap is not None and snap.resources_id == latest
