@@ -13,23 +13,21 @@ or sequence id for an unknown rollout is an error; span duplicates are recognise
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
 import threading
 import time
 import weakref
-from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, InvalidStateError
 from typing import Any, Literal, TypeVar
 
 from confluent_kafka import TopicPartition
 
 from litstream.infra import clickhouse
-from litstream.infra.kafka import PartitionEnds, consumer
+from litstream.infra.kafka import consumer
 from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
-from litstream.schemas.codec import DecodeError
 from litstream.schemas.events import (
     AttemptHeartbeat,
     AttemptStarted,
@@ -39,7 +37,6 @@ from litstream.schemas.events import (
     ResourceRecord,
     ResourcesPublished,
     RolloutEnqueued,
-    RolloutOffered,
     RolloutSnapshot,
     RolloutUpdated,
     SequenceRequested,
@@ -65,7 +62,7 @@ from litstream.schemas.models import (
     new_rollout_id,
 )
 
-from . import fold
+from .offers import OfferReader
 from .resources import to_records
 from .rollout_replica import Folded, RolloutReplica
 from .span_beats import SpanBeats
@@ -88,12 +85,6 @@ SortOrder = Literal["asc", "desc"]
 # broker: acknowledged in 0.26 ms at linger 0, 1.4 ms at 1, 5.7 ms at 5); under load the records of concurrent
 # calls still share batches, queued while earlier requests are in flight.
 STORE_LINGER_MS = 0
-# Offers read ahead of the claims at most; how long a dequeue waits for one while none is at hand, and, with
-# offers at hand, for partitions just assigned to answer (one may hold an older offer).
-OFFER_READ_AHEAD = 4096
-OFFER_WAIT_S = 2.0
-OFFER_ORDER_WAIT_S = 0.5
-OFFER_IDLE_S = 10.0  # a store that served no dequeue for this long leaves the runners' group
 
 
 def span_beat_urgent(snap: RolloutSnapshot | None, attempt_id: str, max_sequence_id: int | None) -> bool:
@@ -203,87 +194,6 @@ def _serve_deliveries(events: weakref.ref[EventProducer], closing: threading.Eve
         del producer
 
 
-class OfferLedger:
-    """The offers one store has taken, per partition, and which of them are handled (their claim's outcome is
-    known): the offset to commit is the first one not handled, so an offer whose claim is still travelling is
-    read again after a restart rather than lost. Thread-safe: rebalances are told on the consumer's thread."""
-
-    def __init__(self) -> None:
-        self._pending: dict[int, set[int]] = {}
-        self._next: dict[int, int] = {}  # partition -> one past the highest offset handled
-        self._committed: dict[int, int] = {}
-        self._lock = threading.Lock()
-
-    def taken(self, offers: Iterable[tuple[int, int]]) -> None:
-        with self._lock:
-            for partition, offset in offers:
-                self._pending.setdefault(partition, set()).add(offset)
-
-    def handled(self, offers: Iterable[tuple[int, int]]) -> dict[int, int]:
-        """Mark offers handled; the new commit position of each partition that moved forward. A negative offset
-        marks an offer this store made itself (``LitStore._offer_own_enqueues``)."""
-        moved: dict[int, int] = {}
-        with self._lock:
-            touched = set()
-            for partition, offset in offers:
-                if offset < 0:
-                    continue  # an offer made here, not read from the topic: nothing to commit
-                self._pending.get(partition, set()).discard(offset)
-                self._next[partition] = max(self._next.get(partition, 0), offset + 1)
-                touched.add(partition)
-            for partition in touched:
-                pending = self._pending.get(partition)
-                position = min(pending) if pending else self._next[partition]
-                if position > self._committed.get(partition, -1):
-                    self._committed[partition] = moved[partition] = position
-        return moved
-
-    def forget(self, partitions: Iterable[int]) -> None:
-        with self._lock:
-            for p in partitions:
-                self._pending.pop(p, None)
-                self._next.pop(p, None)
-                self._committed.pop(p, None)
-
-
-def offer_queue_time(offer: RolloutOffered, snap: RolloutSnapshot | None) -> float:
-    """When a rollout joined the queue, the order Agent Lightning's single queue keeps (pure): a first offer
-    counts from the rollout's enqueue (its ``start_time``, stamped where it was enqueued, so rollouts folded on
-    different partitions still compare in the order they were enqueued); a retry from when it went back on offer.
-    A rollout this store has not seen yet counts from its offer."""
-    if offer.attempt_sequence == 1 and snap is not None:
-        return snap.start_time
-    return offer.meta.timestamp_ns / 1e9
-
-
-class OfferQueue:
-    """Offers read from the consumer and not handed out yet, handed out oldest first (:func:`offer_queue_time`)
-    whatever partition they came from. Used on the offers thread only."""
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, tuple[int, int], RolloutOffered]] = []
-
-    def __len__(self) -> int:
-        return len(self._heap)
-
-    def push(self, at: float, offer: RolloutOffered, where: tuple[int, int]) -> None:
-        heapq.heappush(self._heap, (at, where, offer))  # (partition, offset) is unique: offers never compared
-
-    def pop(self, n: int) -> list[tuple[RolloutOffered, tuple[int, int]]]:
-        out: list[tuple[RolloutOffered, tuple[int, int]]] = []
-        while self._heap and len(out) < n:
-            _, where, offer = heapq.heappop(self._heap)
-            out.append((offer, where))
-        return out
-
-    def forget(self, partitions: Iterable[int]) -> None:
-        """Partitions this consumer no longer owns: their offers go to the next owner, from the committed offset."""
-        gone = set(partitions)
-        if gone:
-            self._heap = [item for item in self._heap if item[1][0] not in gone]
-            heapq.heapify(self._heap)
-
-
 class LitStore:
     """Async, like the reference; safe to share between tasks of one event loop."""
 
@@ -298,25 +208,10 @@ class LitStore:
         # Workers are derived from attempts: every change the replica folds is shown here at once (the processor's
         # own observations of the same changes follow on the workers topic and change nothing).
         self.rollouts.on_fold(self._observe_attempts)
-        self._offers: Any = None
-        self._offer_ends = PartitionEnds()  # offer partitions read to their end: the queue is empty there
-        self._offer_ledger = OfferLedger()
-        self._offer_queue = OfferQueue()  # read ahead, handed out in enqueue order
-        self._offer_heard: set[int] = set()  # offer partitions that delivered a record since they were assigned
-        self._offer_partitions_heard = False  # every assigned one has, since the last rebalance
-        # The offers consumer lives on one thread of its own (a consumer is not for several threads at once),
-        # so a dequeue never waits for a thread of the shared pool, and the pool's never wait for it.
-        self._offers_thread = ThreadPoolExecutor(1, thread_name_prefix="offers")
-        self._dequeue_lock = asyncio.Lock()
-        self._dequeuing = 0  # dequeue calls in progress
-        self._last_dequeue = 0.0  # when the last one ended (monotonic)
+        self.offers = OfferReader(settings, self.codec, self.rollouts)
         self._span_keys: OrderedDict[_SpanKey, None] = OrderedDict()  # own writes, bounded
         self._span_offsets: dict[int, int] = {}  # spans partition -> highest offset this store wrote
         self._span_beats = SpanBeats()
-        # Rollouts enqueued here, with their partition, once the broker holds them: the offers thread puts those
-        # of its own partitions on offer at once (``_own_offer``), without waiting for the processor's offer.
-        self._enqueued_here: deque[tuple[RolloutEnqueued, int]] = deque(maxlen=OFFER_READ_AHEAD)
-        self._own_offers = 0
         self._started = time.time()
         # Delivery reports are served by a thread of their own, so a call waits for its acknowledgement (or its
         # failure) as an asyncio future, not by flushing the producer from a thread of the pool.
@@ -335,9 +230,7 @@ class LitStore:
         self._deliveries.join(timeout=5)
         for view in (self.rollouts, self.resources, self.workers):
             view.close()
-        if self._offers is not None:
-            await asyncio.get_running_loop().run_in_executor(self._offers_thread, self._offers.close)
-        self._offers_thread.shutdown(wait=False)
+        await self.offers.close()
         await asyncio.to_thread(self.events.close)  # let go of the producer: none left retrying a gone broker
 
     async def wait_until_ready(self, timeout: float = 30.0) -> None:
@@ -374,7 +267,7 @@ class LitStore:
                 return
             partition = int(msg.partition() or 0)
             if isinstance(event, RolloutEnqueued) and event.start_attempt_id is None:
-                self._enqueued_here.append((event, partition))
+                self.offers.enqueued_here(event, partition)
             self.rollouts.acknowledged(partition, int(msg.offset() or 0), event)
 
         return report
@@ -434,6 +327,8 @@ class LitStore:
     async def _outcomes(self, futures: Sequence[Future[Folded]], events: Sequence[Event]) -> list[Folded]:
         """What each event did, once all are answered: one wake-up of the event loop for the batch, not one
         future, timer and thread hand-over per event (a third of an enqueue's cost in ``enqueue_many``)."""
+        if not futures:
+            return []
         loop = asyncio.get_running_loop()
         all_answered: asyncio.Future[None] = loop.create_future()
         left = [len(futures)]
@@ -523,34 +418,24 @@ class LitStore:
         return got[0] if got else None
 
     async def dequeue_many_rollouts(self, *, limit: int = 1, worker_id: str | None = None) -> list[AttemptedRollout]:
-        """Non-blocking: claim up to ``limit`` rollouts on offer, oldest first (see :meth:`_next_offers`); stale
+        """Non-blocking: claim up to ``limit`` rollouts on offer, oldest first (``offers.OfferReader``); stale
         offers are skipped.
 
         Only taking offers from the consumer is serialised (they share it); the claims of concurrent calls travel
         through the log side by side, and each call awaits its own outcomes.
         """
-        self._dequeuing += 1
-        try:
+        async with self.offers.in_use():
             out = await self._claim_offers(limit, worker_id)
-        finally:
-            self._dequeuing -= 1
-            self._last_dequeue = time.monotonic()
-            asyncio.get_running_loop().call_later(OFFER_IDLE_S, self._leave_offers_if_idle)
         if not out and worker_id is not None:
             await self._observe_worker(worker_id, "empty_dequeue")
         return out
 
     async def _claim_offers(self, limit: int, worker_id: str | None) -> list[AttemptedRollout]:
         out: list[AttemptedRollout] = []
-        loop = asyncio.get_running_loop()
         while len(out) < limit:
-            async with self._dequeue_lock:
-                offers = await loop.run_in_executor(self._offers_thread, self._next_offers, limit - len(out))
+            offers = await self.offers.take(limit - len(out))
             if not offers:
                 break
-            offers = self._drop_stale(offers)
-            if not offers:
-                continue
             claims = [AttemptStarted(meta=self.events.factory.meta(o.rollout_id), attempt_id=new_attempt_id(),
                                      sequence_id=o.attempt_sequence, start_time=time.time(), worker_id=worker_id)
                       for o, _ in offers]
@@ -558,150 +443,13 @@ class LitStore:
             try:
                 answers = await self._outcomes(futures, claims)
             finally:  # every claim's outcome is known (or given up on): those offers are handled, whoever won
-                self._commit_offers(self._offer_ledger.handled(where for _, where in offers))
+                self.offers.handled(offers)
             for done in answers:
                 if done.accepted and done.snapshot is not None:
                     result = rollout_from_snapshot(done.snapshot)
                     assert isinstance(result, AttemptedRollout)
                     out.append(result)
         return out
-
-    def _drop_stale(self, offers: list[tuple[RolloutOffered, tuple[int, int]]]
-                    ) -> list[tuple[RolloutOffered, tuple[int, int]]]:
-        """The offers whose claim could still win, as this store's replica knows the rollout: one it shows already
-        claimed (by a runner, or through the other offer of a rollout enqueued here) is handled without a claim."""
-        fresh: list[tuple[RolloutOffered, tuple[int, int]]] = []
-        stale: list[tuple[RolloutOffered, tuple[int, int]]] = []
-        for offer, where in offers:
-            state = self.rollouts.states.get(offer.rollout_id)
-            (fresh if state is None or fold.claimable(state, offer.attempt_sequence) else stale).append((offer, where))
-        if stale:
-            self._commit_offers(self._offer_ledger.handled(where for _, where in stale))
-        return fresh
-
-    def _leave_offers_if_idle(self) -> None:
-        """Leave the runners' group once no dequeue came for ``OFFER_IDLE_S``: a member that stops polling keeps
-        its partitions (and stalls the group's rebalances) until the broker evicts it minutes later, so offers
-        there would reach no runner. Offers read ahead but not claimed were never committed: the partitions' next
-        owners read them again. The next dequeue joins again."""
-        if (self._offers is None or self._dequeuing
-                or time.monotonic() - self._last_dequeue < OFFER_IDLE_S - 0.01):
-            return
-        self._offers_thread.submit(self._leave_offers)
-
-    def _leave_offers(self) -> None:
-        if self._offers is None or self._dequeuing:
-            return
-        leaving, self._offers = self._offers, None
-        try:
-            leaving.close()  # commits nothing of its own (auto commit is off) and leaves the group at once
-        except Exception as exc:  # noqa: BLE001 - the broker is gone: the group evicts this member in time
-            log.warning("leaving the runners' group failed: %s", exc)
-        self._offer_ends, self._offer_ledger, self._offer_queue = PartitionEnds(), OfferLedger(), OfferQueue()
-        self._offer_heard, self._offer_partitions_heard = set(), False
-
-    def _commit_offers(self, positions: dict[int, int]) -> None:
-        """Commit the offers consumer's positions on its thread, not waited for: a lost commit only means an
-        offer read again after a restart, whose claim the processor refuses as stale."""
-        if not positions or self._offers is None:
-            return
-        tps = [TopicPartition(self.events.topics.offers, p, o) for p, o in positions.items()]
-
-        def commit() -> None:
-            try:
-                self._offers.commit(offsets=tps, asynchronous=True)
-            except Exception as exc:  # noqa: BLE001 - see above
-                log.warning("committing offers %s failed: %s", positions, exc)
-
-        self._offers_thread.submit(commit)
-
-    def _next_offers(self, limit: int) -> list[tuple[RolloutOffered, tuple[int, int]]]:
-        """Up to ``limit`` offers with their (partition, offset), the oldest first across every partition this
-        consumer owns, as the reference's one queue hands them out (docs/api.md, "Queue order"). Reads what the
-        consumer has fetched (up to ``OFFER_READ_AHEAD`` waiting here). With offers waiting, it first waits (at
-        most ``OFFER_ORDER_WAIT_S``) until every partition has delivered a record or its end since it was
-        assigned; with none, until one comes, every partition is known to be at its end (the queue is empty: no
-        offers) or ``OFFER_WAIT_S`` passes. Offers read count as taken (the ledger keeps their offsets from being
-        committed) until their claims are answered."""
-        if self._offers is None:
-            self._join_offers()
-        start = time.monotonic()
-        while True:
-            while len(self._offer_queue) < OFFER_READ_AHEAD:  # what the consumer has fetched already
-                msgs = self._offers.consume(OFFER_READ_AHEAD - len(self._offer_queue), timeout=0)
-                if not msgs:
-                    break
-                self._queue_offers(msgs)
-            assigned = {tp.partition for tp in self._offers.assignment()}
-            self._offer_own_enqueues(assigned)
-            if len(self._offer_queue) and self._offer_partitions_heard:
-                return self._offer_queue.pop(limit)
-            waited = time.monotonic() - start
-            if len(self._offer_queue):
-                # Just assigned, a partition may not have answered yet: an older offer may be on its way there.
-                self._offer_partitions_heard = assigned <= self._offer_ends.at_end | self._offer_heard
-                if self._offer_partitions_heard or waited >= OFFER_ORDER_WAIT_S:
-                    return self._offer_queue.pop(limit)
-            elif self._offer_ends.covers(assigned) or waited >= OFFER_WAIT_S:
-                return []
-            msg = self._offers.poll(0.02)
-            if msg is not None:
-                self._queue_offers([msg])
-
-    def _offer_own_enqueues(self, assigned: set[int]) -> None:
-        """Put rollouts enqueued here on offer at once when their partition is this consumer's: the processor's
-        offer would bring the same rollout one trip through the log later (a dequeue right after an enqueue finds
-        it, as in the reference). The processor's offer still comes; whichever is claimed first wins (the fold
-        takes one claim per attempt) and the other is stale (:meth:`_stale`)."""
-        while self._enqueued_here:
-            event, partition = self._enqueued_here.popleft()
-            if partition not in assigned:
-                continue  # that partition's consumer hands it out, from the processor's offer
-            offer = RolloutOffered.trusted(meta=event.meta, attempt_sequence=1, input=event.input, mode=event.mode,
-                                           resources_id=event.resources_id, config=event.config,
-                                           metadata=event.metadata)
-            self._own_offers += 1
-            self._offer_queue.push(offer_queue_time(offer, self.rollouts.snapshots.get(event.rollout_id)), offer,
-                                   (partition, -self._own_offers))  # no offset: nothing to commit
-
-    def _join_offers(self) -> None:
-        self._offers = consumer(self.settings, group_id=f"{self.settings.topic_prefix}-runners",
-                                **{"enable.partition.eof": True})
-        self._offers.subscribe([self.events.topics.offers], on_assign=self._offer_partitions_moved,
-                               on_revoke=self._offer_partitions_moved)
-        # Joining the group takes a few seconds; only the first dequeue waits for it.
-        joined_by = time.monotonic() + 15.0
-        while not self._offers.assignment() and time.monotonic() < joined_by:
-            msg = self._offers.poll(0.1)
-            if msg is not None:
-                self._queue_offers([msg])
-
-    def _queue_offers(self, msgs: list[Any]) -> None:
-        taken = []
-        for msg in msgs:
-            if not self._offer_ends.record(msg):
-                continue
-            where = (int(msg.partition() or 0), int(msg.offset() or 0))
-            self._offer_heard.add(where[0])
-            offer = self._decode_offer(msg.value())
-            if offer is None:
-                continue
-            self._offer_queue.push(offer_queue_time(offer, self.rollouts.snapshots.get(offer.rollout_id)), offer, where)
-            taken.append(where)
-        self._offer_ledger.taken(taken)
-
-    def _offer_partitions_moved(self, _c: Any, partitions: list[TopicPartition]) -> None:
-        self._offer_ends.forget(tp.partition for tp in partitions)
-        self._offer_ledger.forget(tp.partition for tp in partitions)
-        self._offer_queue.forget(tp.partition for tp in partitions)
-        self._offer_heard.difference_update(tp.partition for tp in partitions)
-        self._offer_partitions_heard = False
-
-    def _decode_offer(self, value: bytes | None) -> RolloutOffered | None:
-        try:
-            return self.codec.decode_as(value, RolloutOffered)
-        except DecodeError:
-            return None  # the runners' path dead-letters these; here it is just not an offer
 
     async def update_rollout(self, rollout_id: str, input: Any = UNSET, mode: Any = UNSET, resources_id: Any = UNSET,
                              status: Any = UNSET, config: Any = UNSET, metadata: Any = UNSET) -> Rollout:

@@ -12,7 +12,7 @@ import pytest
 from litstream.app.stack import Stack
 from litstream.infra.settings import Settings
 from litstream.schemas.models import LLM, EnqueueRolloutRequest, PromptTemplate, RolloutConfig, Span
-from litstream.streams import store as store_module
+from litstream.streams import offers as offers_module
 from litstream.streams.store import LitStore
 
 
@@ -173,7 +173,7 @@ def test_a_store_that_stops_dequeuing_leaves_its_offers_to_the_others(pipeline: 
     """A gateway that served one dequeue joined the runners' group and holds offer partitions; once it serves no
     more it must leave them, or the offers there would wait for it (a member that stops polling keeps them until
     the broker evicts it, minutes later) while another runner asks for work."""
-    monkeypatch.setattr(store_module, "OFFER_IDLE_S", 2.0)
+    monkeypatch.setattr(offers_module, "OFFER_IDLE_S", 2.0)
 
     async def scenario() -> None:
         gateway, runner = LitStore(pipeline), LitStore(pipeline)

@@ -1,0 +1,318 @@
+"""The store's side of the offers: a member of the runners' consumer group on ``rollout-offers`` that hands
+offers out oldest first, keeps which of them are handled, commits only those, and leaves the group when no
+dequeue comes. The claims themselves are the store's (``store.LitStore.dequeue_many_rollouts``)."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from typing import Any
+
+from confluent_kafka import TopicPartition
+
+from litstream.infra.kafka import PartitionEnds, consumer
+from litstream.infra.settings import Settings
+from litstream.infra.topics import Topics
+from litstream.schemas.codec import Codec, DecodeError
+from litstream.schemas.events import RolloutEnqueued, RolloutOffered, RolloutSnapshot
+
+from . import fold
+from .rollout_replica import RolloutReplica
+
+log = logging.getLogger("litstream.offers")
+# Offers read ahead of the claims at most; how long a dequeue waits for one while none is at hand, and, with
+# offers at hand, for partitions just assigned to answer (one may hold an older offer).
+OFFER_READ_AHEAD = 4096
+OFFER_WAIT_S = 2.0
+OFFER_ORDER_WAIT_S = 0.5
+OFFER_IDLE_S = 10.0  # a store that served no dequeue for this long leaves the runners' group
+
+Taken = tuple[RolloutOffered, tuple[int, int]]  # an offer and its (partition, offset)
+
+
+class OfferLedger:
+    """The offers one store has taken, per partition, and which of them are handled (their claim's outcome is
+    known): the offset to commit is the first one not handled, so an offer whose claim is still travelling is
+    read again after a restart rather than lost. Thread-safe: rebalances are told on the consumer's thread."""
+
+    def __init__(self) -> None:
+        self._pending: dict[int, set[int]] = {}
+        self._next: dict[int, int] = {}  # partition -> one past the highest offset handled
+        self._committed: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def taken(self, offers: Iterable[tuple[int, int]]) -> None:
+        with self._lock:
+            for partition, offset in offers:
+                self._pending.setdefault(partition, set()).add(offset)
+
+    def handled(self, offers: Iterable[tuple[int, int]]) -> dict[int, int]:
+        """Mark offers handled; the new commit position of each partition that moved forward. A negative offset
+        marks an offer this store made itself (``LitStore._offer_own_enqueues``)."""
+        moved: dict[int, int] = {}
+        with self._lock:
+            touched = set()
+            for partition, offset in offers:
+                if offset < 0:
+                    continue  # an offer made here, not read from the topic: nothing to commit
+                self._pending.get(partition, set()).discard(offset)
+                self._next[partition] = max(self._next.get(partition, 0), offset + 1)
+                touched.add(partition)
+            for partition in touched:
+                pending = self._pending.get(partition)
+                position = min(pending) if pending else self._next[partition]
+                if position > self._committed.get(partition, -1):
+                    self._committed[partition] = moved[partition] = position
+        return moved
+
+    def forget(self, partitions: Iterable[int]) -> None:
+        with self._lock:
+            for p in partitions:
+                self._pending.pop(p, None)
+                self._next.pop(p, None)
+                self._committed.pop(p, None)
+
+
+def offer_queue_time(offer: RolloutOffered, snap: RolloutSnapshot | None) -> float:
+    """When a rollout joined the queue, the order Agent Lightning's single queue keeps (pure): a first offer
+    counts from the rollout's enqueue (its ``start_time``, stamped where it was enqueued, so rollouts folded on
+    different partitions still compare in the order they were enqueued); a retry from when it went back on offer.
+    A rollout this store has not seen yet counts from its offer."""
+    if offer.attempt_sequence == 1 and snap is not None:
+        return snap.start_time
+    return offer.meta.timestamp_ns / 1e9
+
+
+class OfferQueue:
+    """Offers read from the consumer and not handed out yet, handed out oldest first (:func:`offer_queue_time`)
+    whatever partition they came from. Used on the offers thread only."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, tuple[int, int], RolloutOffered]] = []
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def push(self, at: float, offer: RolloutOffered, where: tuple[int, int]) -> None:
+        heapq.heappush(self._heap, (at, where, offer))  # (partition, offset) is unique: offers never compared
+
+    def pop(self, n: int) -> list[tuple[RolloutOffered, tuple[int, int]]]:
+        out: list[tuple[RolloutOffered, tuple[int, int]]] = []
+        while self._heap and len(out) < n:
+            _, where, offer = heapq.heappop(self._heap)
+            out.append((offer, where))
+        return out
+
+    def forget(self, partitions: Iterable[int]) -> None:
+        """Partitions this consumer no longer owns: their offers go to the next owner, from the committed offset."""
+        gone = set(partitions)
+        if gone:
+            self._heap = [item for item in self._heap if item[1][0] not in gone]
+            heapq.heapify(self._heap)
+
+
+class OfferReader:
+    """One store's offers. ``rollouts`` (the store's replica) orders first offers by enqueue time and tells
+    stale offers. Safe for the tasks of one event loop; the consumer lives on a thread of its own (a consumer is
+    not for several threads at once), so a dequeue never waits for a thread of a shared pool."""
+
+    def __init__(self, settings: Settings, codec: Codec, rollouts: RolloutReplica) -> None:
+        self._settings = settings
+        self.codec = codec
+        self.rollouts = rollouts
+        self.topic = Topics(settings.topic_prefix).offers
+        self._consumer: Any = None
+        self._ends = PartitionEnds()  # offer partitions read to their end: the queue is empty there
+        self._ledger = OfferLedger()
+        self._queue = OfferQueue()  # read ahead, handed out in enqueue order
+        self._heard: set[int] = set()  # offer partitions that delivered a record since they were assigned
+        self._all_heard = False  # every assigned one has, since the last rebalance
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="offers")
+        self._lock = asyncio.Lock()
+        self._in_use = 0  # dequeue calls in progress
+        self._last_use = 0.0  # when the last one ended (monotonic)
+        # Rollouts enqueued here, with their partition, once the broker holds them: put on offer at once when the
+        # partition is this consumer's (``_offer_own_enqueues``), without waiting for the processor's offer.
+        self._enqueued_here: deque[tuple[RolloutEnqueued, int]] = deque(maxlen=OFFER_READ_AHEAD)
+        self._own = 0
+
+    def enqueued_here(self, event: RolloutEnqueued, partition: int) -> None:
+        """The broker holds a rollout this store enqueued (any thread)."""
+        self._enqueued_here.append((event, partition))
+
+    @asynccontextmanager
+    async def in_use(self) -> AsyncIterator[None]:
+        """Around a dequeue: the group is left ``OFFER_IDLE_S`` after the last one ends."""
+        self._in_use += 1
+        try:
+            yield
+        finally:
+            self._in_use -= 1
+            self._last_use = time.monotonic()
+            asyncio.get_running_loop().call_later(OFFER_IDLE_S, self._leave_if_idle)
+
+    async def take(self, limit: int) -> list[Taken]:
+        """Up to ``limit`` offers whose claim could still win, oldest first; empty when none is on offer here.
+        Only taking offers is serialised; the claims of concurrent calls travel side by side."""
+        loop = asyncio.get_running_loop()
+        while True:
+            async with self._lock:
+                offers = await loop.run_in_executor(self._thread, self._next, limit)
+            if not offers:
+                return []
+            fresh = self._drop_stale(offers)
+            if fresh:
+                return fresh
+
+    def handled(self, offers: Iterable[Taken]) -> None:
+        """Their claims' outcomes are known (or given up on), whoever won: commit what that allows."""
+        self._commit(self._ledger.handled(where for _, where in offers))
+
+    async def close(self) -> None:
+        if self._consumer is not None:
+            await asyncio.get_running_loop().run_in_executor(self._thread, self._consumer.close)
+        self._thread.shutdown(wait=False)
+
+    def _drop_stale(self, offers: list[tuple[RolloutOffered, tuple[int, int]]]
+                    ) -> list[tuple[RolloutOffered, tuple[int, int]]]:
+        """The offers whose claim could still win, as this store's replica knows the rollout: one it shows already
+        claimed (by a runner, or through the other offer of a rollout enqueued here) is handled without a claim."""
+        fresh: list[tuple[RolloutOffered, tuple[int, int]]] = []
+        stale: list[tuple[RolloutOffered, tuple[int, int]]] = []
+        for offer, where in offers:
+            state = self.rollouts.states.get(offer.rollout_id)
+            (fresh if state is None or fold.claimable(state, offer.attempt_sequence) else stale).append((offer, where))
+        if stale:
+            self.handled(stale)
+        return fresh
+
+    def _leave_if_idle(self) -> None:
+        """Leave the runners' group once no dequeue came for ``OFFER_IDLE_S``: a member that stops polling keeps
+        its partitions (and stalls the group's rebalances) until the broker evicts it minutes later, so offers
+        there would reach no runner. Offers read ahead but not claimed were never committed: the partitions' next
+        owners read them again. The next dequeue joins again."""
+        if (self._consumer is None or self._in_use
+                or time.monotonic() - self._last_use < OFFER_IDLE_S - 0.01):
+            return
+        self._thread.submit(self._leave)
+
+    def _leave(self) -> None:
+        if self._consumer is None or self._in_use:
+            return
+        leaving, self._consumer = self._consumer, None
+        try:
+            leaving.close()  # commits nothing of its own (auto commit is off) and leaves the group at once
+        except Exception as exc:  # noqa: BLE001 - the broker is gone: the group evicts this member in time
+            log.warning("leaving the runners' group failed: %s", exc)
+        self._ends, self._ledger, self._queue = PartitionEnds(), OfferLedger(), OfferQueue()
+        self._heard, self._all_heard = set(), False
+
+    def _commit(self, positions: dict[int, int]) -> None:
+        """Commit the offers consumer's positions on its thread, not waited for: a lost commit only means an
+        offer read again after a restart, whose claim the processor refuses as stale."""
+        if not positions or self._consumer is None:
+            return
+        tps = [TopicPartition(self.topic, p, o) for p, o in positions.items()]
+
+        def commit() -> None:
+            try:
+                self._consumer.commit(offsets=tps, asynchronous=True)
+            except Exception as exc:  # noqa: BLE001 - see above
+                log.warning("committing offers %s failed: %s", positions, exc)
+
+        self._thread.submit(commit)
+
+    def _next(self, limit: int) -> list[tuple[RolloutOffered, tuple[int, int]]]:
+        """Up to ``limit`` offers with their (partition, offset), the oldest first across every partition this
+        consumer owns, as the reference's one queue hands them out (docs/api.md, "Queue order"). Reads what the
+        consumer has fetched (up to ``OFFER_READ_AHEAD`` waiting here). With offers waiting, it first waits (at
+        most ``OFFER_ORDER_WAIT_S``) until every partition has delivered a record or its end since it was
+        assigned; with none, until one comes, every partition is known to be at its end (the queue is empty: no
+        offers) or ``OFFER_WAIT_S`` passes. Offers read count as taken (the ledger keeps their offsets from being
+        committed) until their claims are answered."""
+        if self._consumer is None:
+            self._join()
+        start = time.monotonic()
+        while True:
+            while len(self._queue) < OFFER_READ_AHEAD:  # what the consumer has fetched already
+                msgs = self._consumer.consume(OFFER_READ_AHEAD - len(self._queue), timeout=0)
+                if not msgs:
+                    break
+                self._read(msgs)
+            assigned = {tp.partition for tp in self._consumer.assignment()}
+            self._offer_own_enqueues(assigned)
+            if len(self._queue) and self._all_heard:
+                return self._queue.pop(limit)
+            waited = time.monotonic() - start
+            if len(self._queue):
+                # Just assigned, a partition may not have answered yet: an older offer may be on its way there.
+                self._all_heard = assigned <= self._ends.at_end | self._heard
+                if self._all_heard or waited >= OFFER_ORDER_WAIT_S:
+                    return self._queue.pop(limit)
+            elif self._ends.covers(assigned) or waited >= OFFER_WAIT_S:
+                return []
+            msg = self._consumer.poll(0.02)
+            if msg is not None:
+                self._read([msg])
+
+    def _offer_own_enqueues(self, assigned: set[int]) -> None:
+        """Put rollouts enqueued here on offer at once when their partition is this consumer's: the processor's
+        offer would bring the same rollout one trip through the log later (a dequeue right after an enqueue finds
+        it, as in the reference). The processor's offer still comes; whichever is claimed first wins (the fold
+        takes one claim per attempt) and the other is stale (:meth:`_drop_stale`)."""
+        while self._enqueued_here:
+            event, partition = self._enqueued_here.popleft()
+            if partition not in assigned:
+                continue  # that partition's consumer hands it out, from the processor's offer
+            offer = RolloutOffered.trusted(meta=event.meta, attempt_sequence=1, input=event.input, mode=event.mode,
+                                           resources_id=event.resources_id, config=event.config,
+                                           metadata=event.metadata)
+            self._own += 1
+            self._queue.push(offer_queue_time(offer, self.rollouts.snapshots.get(event.rollout_id)), offer,
+                                   (partition, -self._own))  # no offset: nothing to commit
+
+    def _join(self) -> None:
+        self._consumer = consumer(self._settings, group_id=f"{self._settings.topic_prefix}-runners",
+                                **{"enable.partition.eof": True})
+        self._consumer.subscribe([self.topic], on_assign=self._partitions_moved,
+                               on_revoke=self._partitions_moved)
+        # Joining the group takes a few seconds; only the first dequeue waits for it.
+        joined_by = time.monotonic() + 15.0
+        while not self._consumer.assignment() and time.monotonic() < joined_by:
+            msg = self._consumer.poll(0.1)
+            if msg is not None:
+                self._read([msg])
+
+    def _read(self, msgs: list[Any]) -> None:
+        taken = []
+        for msg in msgs:
+            if not self._ends.record(msg):
+                continue
+            where = (int(msg.partition() or 0), int(msg.offset() or 0))
+            self._heard.add(where[0])
+            offer = self._decode(msg.value())
+            if offer is None:
+                continue
+            self._queue.push(offer_queue_time(offer, self.rollouts.snapshots.get(offer.rollout_id)), offer, where)
+            taken.append(where)
+        self._ledger.taken(taken)
+
+    def _partitions_moved(self, _c: Any, partitions: list[TopicPartition]) -> None:
+        self._ends.forget(tp.partition for tp in partitions)
+        self._ledger.forget(tp.partition for tp in partitions)
+        self._queue.forget(tp.partition for tp in partitions)
+        self._heard.difference_update(tp.partition for tp in partitions)
+        self._all_heard = False
+
+    def _decode(self, value: bytes | None) -> RolloutOffered | None:
+        try:
+            return self.codec.decode_as(value, RolloutOffered)
+        except DecodeError:
+            return None  # the runners' path dead-letters these; here it is just not an offer
