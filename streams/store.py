@@ -1,8 +1,9 @@
 """The Store API: Agent Lightning 0.3's ``LightningStore`` methods, on the event log.
 
-Writes are events on Kafka; reads come from live views of the derived topics (``streams/views.py``) and, for
-spans, from ClickHouse. A write returns after the lifecycle processor has applied it and this process has seen
-the result (read-your-writes), so ``enqueue_rollout`` followed by ``get_rollout_by_id`` finds the rollout.
+Writes are events on Kafka (``log_writer``); a write returns once the broker holds it and this store's replica of
+the fold has folded it in log order (``rollout_replica``; one trip through the log), so ``enqueue_rollout``
+followed by ``get_rollout_by_id`` finds the rollout. Reads come from the replica, from live views of the derived
+topics (``streams/views.py``) and, for spans, from ClickHouse. Offers are read by ``offers``.
 
 Differences from the reference, on purpose: terminal rollout states are final (a late change is an error, not
 a resurrection; a new attempt started on a finished rollout is the one way back, as in the reference); a span
@@ -14,26 +15,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
-import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, InvalidStateError
+from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any, Literal, TypeVar
 
 from confluent_kafka import TopicPartition
 
 from litstream.infra import clickhouse
 from litstream.infra.kafka import consumer
-from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
 from litstream.schemas.events import (
     AttemptHeartbeat,
     AttemptStarted,
     AttemptUpdated,
     AvroRolloutConfig,
-    Event,
     ResourceRecord,
     ResourcesPublished,
     RolloutEnqueued,
@@ -62,12 +59,13 @@ from litstream.schemas.models import (
     new_rollout_id,
 )
 
+from .log_writer import LogWriter, StoreError, also
 from .offers import OfferReader
 from .resources import to_records
-from .rollout_replica import Folded, RolloutReplica
+from .rollout_replica import Folded
 from .span_beats import SpanBeats
 from .state import rollout_from_snapshot
-from .views import ResourcesView, TopicFollower, WorkersView
+from .views import ResourcesView, WorkersView
 from .workers import attempt_observations
 
 log = logging.getLogger("litstream.store")
@@ -81,10 +79,6 @@ class _Unset:
 
 UNSET: Any = _Unset()
 SortOrder = Literal["asc", "desc"]
-# The store's producer: a call waits for its records, so any linger is pure latency (measured on the embedded
-# broker: acknowledged in 0.26 ms at linger 0, 1.4 ms at 1, 5.7 ms at 5); under load the records of concurrent
-# calls still share batches, queued while earlier requests are in flight.
-STORE_LINGER_MS = 0
 
 
 def span_beat_urgent(snap: RolloutSnapshot | None, attempt_id: str, max_sequence_id: int | None) -> bool:
@@ -107,31 +101,6 @@ def span_heartbeat_shows(snap: RolloutSnapshot | None, attempt_id: str) -> bool:
     attempt = None if snap is None else next((a for a in snap.attempts if a.attempt_id == attempt_id), None)
     return (attempt is None or attempt.status in ("preparing", "unresponsive")
             or attempt.last_heartbeat_time is None)
-
-
-class StoreError(RuntimeError):
-    """The pipeline did not answer in time (a processor is down or far behind), or the broker refused a write."""
-
-
-def _fail_on_error(fut: Future[Any]) -> Callable[[Any, Any], None]:
-    """A delivery callback that fails ``fut`` when the broker refused the record."""
-    def report(err: Any, msg: Any) -> None:
-        if err is not None and not fut.done():
-            try:
-                fut.set_exception(StoreError(f"the event was not written to {msg.topic()}: {err}"))
-            except InvalidStateError:  # answered meanwhile
-                pass
-
-    return report
-
-
-def _also(first: Callable[[Any, Any], None], second: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
-    """One delivery callback that calls two."""
-    def report(err: Any, msg: Any) -> None:
-        first(err, msg)
-        second(err, msg)
-
-    return report
 
 
 class FieldError(ValueError):
@@ -183,55 +152,36 @@ def _attempt(snap: RolloutSnapshot, a: Any) -> Attempt:
 _SpanKey = tuple[str, str, str]  # rollout id, attempt id, span id
 
 
-def _serve_deliveries(events: weakref.ref[EventProducer], closing: threading.Event) -> None:
-    """Serve a store's delivery reports until it closes, or is dropped unclosed (a weak reference, so an
-    unclosed store's producer is still freed and stops calling its broker)."""
-    while not closing.is_set():
-        producer = events()
-        if producer is None:
-            return
-        producer.poll(0.05)
-        del producer
-
-
 class LitStore:
     """Async, like the reference; safe to share between tasks of one event loop."""
 
     def __init__(self, settings: Settings, wait_s: float = 30.0) -> None:
         self.settings = settings
         self.wait_s = wait_s
-        self.events = EventProducer(settings, "store", None, **{"linger.ms": STORE_LINGER_MS})
-        self.codec = self.events.codec
-        self.rollouts = RolloutReplica(settings, self.codec)  # answers this store's writes after one trip
+        self.log = LogWriter(settings, wait_s)
+        self.events, self.codec = self.log.events, self.log.codec
+        self.rollouts = self.log.rollouts  # answers this store's writes after one trip
         self.resources = ResourcesView(settings, self.codec)
         self.workers = WorkersView(settings, self.codec)
         # Workers are derived from attempts: every change the replica folds is shown here at once (the processor's
         # own observations of the same changes follow on the workers topic and change nothing).
         self.rollouts.on_fold(self._observe_attempts)
         self.offers = OfferReader(settings, self.codec, self.rollouts)
+        self.log.on_enqueued = self.offers.enqueued_here
         self._span_keys: OrderedDict[_SpanKey, None] = OrderedDict()  # own writes, bounded
         self._span_offsets: dict[int, int] = {}  # spans partition -> highest offset this store wrote
         self._span_beats = SpanBeats()
         self._started = time.time()
-        # Delivery reports are served by a thread of their own, so a call waits for its acknowledgement (or its
-        # failure) as an asyncio future, not by flushing the producer from a thread of the pool.
-        self._closing = threading.Event()
-        self._deliveries = threading.Thread(target=_serve_deliveries, args=(weakref.ref(self.events), self._closing),
-                                            name="store-deliveries", daemon=True)
-        self._deliveries.start()
 
     @property
     def capabilities(self) -> dict[str, bool]:
         return {"thread_safe": True, "async_safe": True, "zero_copy": True, "otlp_traces": False}
 
     async def close(self) -> None:
-        await asyncio.to_thread(self.events.flush)
-        self._closing.set()
-        self._deliveries.join(timeout=5)
-        for view in (self.rollouts, self.resources, self.workers):
+        for view in (self.resources, self.workers):
             view.close()
         await self.offers.close()
-        await asyncio.to_thread(self.events.close)  # let go of the producer: none left retrying a gone broker
+        await self.log.close()
 
     async def wait_until_ready(self, timeout: float = 30.0) -> None:
         """Let the views read what is already on their topics."""
@@ -240,122 +190,10 @@ class LitStore:
 
     # -- writing through the log ---------------------------------------------------------------------------
 
-    async def _write(self, event: Event) -> Folded:
-        """Produce a lifecycle event and return what it did (accepted or not), folded in log order."""
-        (fut,) = self._send_lifecycle([event])
-        return await self._outcome(fut, event)
-
-    def _send_lifecycle(self, events: Sequence[Event]) -> list[Future[Folded]]:
-        """Produce lifecycle events; a future per event gets what it did, or the delivery's failure. The replica
-        folds an event as soon as the broker acknowledges it, if nothing else came before it (module docstring of
-        ``rollout_replica``)."""
-        futures = []
-        for event in events:
-            fut = self.rollouts.expect(event.meta.event_id)
-            self.events.send(self.events.topics.rollout_events, event, on_delivery=self._folds_when_stored(event, fut))
-            futures.append(fut)
-        return futures
-
-    def _folds_when_stored(self, event: Event, fut: Future[Folded] | None) -> Callable[[Any, Any], None]:
-        """The delivery callback of every lifecycle event this store writes (``fut``: the waiter of its answer, if
-        any): each acknowledgement lets the replica fold it at once, and keeps that possible for the next."""
-        def report(err: Any, msg: Any) -> None:
-            if err is not None:
-                if fut is not None:
-                    self.rollouts.forget(event.meta.event_id)
-                    _fail_on_error(fut)(err, msg)
-                return
-            partition = int(msg.partition() or 0)
-            if isinstance(event, RolloutEnqueued) and event.start_attempt_id is None:
-                self.offers.enqueued_here(event, partition)
-            self.rollouts.acknowledged(partition, int(msg.offset() or 0), event)
-
-        return report
-
     def _observe_attempts(self, done: Folded) -> None:
         if done.after is not None and done.after.attempts:
             at = done.after.updated_ns / 1e9
             self.workers.observe(attempt_observations(done.before, done.after, at, self.events.factory.stamp))
-
-    def _acks(self, n: int) -> tuple[asyncio.Future[None], Callable[[Any, Any], None]]:
-        """A future resolved once ``n`` records are acknowledged (or failed at the first failure), and the
-        delivery callback to produce them with."""
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
-        left = [n]
-
-        def settle(err: Any) -> None:
-            if done.done():
-                return
-            if err is not None:
-                done.set_exception(StoreError(f"a record was not written to Kafka: {err}"))
-            elif left[0] <= 0:
-                done.set_result(None)
-
-        def report(err: Any, _msg: Any) -> None:
-            left[0] -= 1
-            if err is not None or left[0] <= 0:
-                loop.call_soon_threadsafe(settle, err)
-
-        if n <= 0:
-            done.set_result(None)
-        return done, report
-
-    async def _acknowledged(self, acked: asyncio.Future[None], what: str) -> None:
-        try:
-            await asyncio.wait_for(acked, timeout=self.wait_s)
-        except TimeoutError:
-            raise StoreError(f"the broker did not acknowledge {what} within {self.wait_s:.0f}s; is it up? "
-                             "(litstream status)") from None
-
-    async def _until(self, view: TopicFollower, predicate: Callable[[], T | None], timeout: float,
-                     sent: tuple[str, Any] | None = None) -> T | None:
-        """``predicate()`` once it has an answer after a batch of ``view``, or None when the time is up. With
-        ``sent`` (topic, record), the record is produced first, and its refusal by the broker ends the wait."""
-        fut = view.until(predicate)
-        if sent is not None:
-            self.events.send(sent[0], sent[1], on_delivery=_fail_on_error(fut))
-        try:
-            return await asyncio.wait_for(asyncio.wrap_future(fut), timeout)
-        except TimeoutError:
-            return None
-
-    async def _outcome(self, fut: Future[Folded], event: Event) -> Folded:
-        (done,) = await self._outcomes([fut], [event])
-        return done
-
-    async def _outcomes(self, futures: Sequence[Future[Folded]], events: Sequence[Event]) -> list[Folded]:
-        """What each event did, once all are answered: one wake-up of the event loop for the batch, not one
-        future, timer and thread hand-over per event (a third of an enqueue's cost in ``enqueue_many``)."""
-        if not futures:
-            return []
-        loop = asyncio.get_running_loop()
-        all_answered: asyncio.Future[None] = loop.create_future()
-        left = [len(futures)]
-        lock = threading.Lock()
-
-        def settle() -> None:
-            if not all_answered.done():
-                all_answered.set_result(None)
-
-        def answered(_fut: Future[Folded]) -> None:
-            with lock:
-                left[0] -= 1
-                last = left[0] == 0
-            if last:
-                loop.call_soon_threadsafe(settle)
-
-        for fut in futures:
-            fut.add_done_callback(answered)
-        try:
-            await asyncio.wait_for(all_answered, timeout=self.wait_s)
-        except TimeoutError:
-            for event in events:
-                self.rollouts.forget(event.meta.event_id)
-            late = next((e for f, e in zip(futures, events) if not f.done()), events[0])
-            raise StoreError(f"no answer within {self.wait_s:.0f}s for {type(late).__name__} of {late.rollout_id}: "
-                             "the log was not read back to it; is the broker up? (litstream status)") from None
-        return [fut.result() for fut in futures]  # a write the broker refused raises its StoreError here
 
     @staticmethod
     def _accepted(done: Folded) -> RolloutSnapshot:
@@ -392,15 +230,15 @@ class LitStore:
     async def _enqueue(self, events: list[RolloutEnqueued]) -> list[Rollout]:
         """Enqueue new rollouts; returns once the broker holds them and the replica has folded them (nothing can
         refuse a new id). A processor that is down delays the offer, not the enqueue."""
-        futures = self._send_lifecycle(events)
-        return [rollout_from_snapshot(self._accepted(done)) for done in await self._outcomes(futures, events)]
+        futures = self.log.send_lifecycle(events)
+        return [rollout_from_snapshot(self._accepted(done)) for done in await self.log.outcomes(futures, events)]
 
     async def start_rollout(self, input: Any, mode: Any = None, resources_id: str | None = None,
                             config: RolloutConfig | None = None, metadata: dict[str, Any] | None = None,
                             worker_id: str | None = None) -> AttemptedRollout:
         event = self._enqueue_event(input, mode, resources_id, config, metadata, start_attempt_id=new_attempt_id(),
                                     worker_id=worker_id)
-        result = rollout_from_snapshot(self._accepted(await self._write(event)))
+        result = rollout_from_snapshot(self._accepted(await self.log.write(event)))
         assert isinstance(result, AttemptedRollout)
         return result
 
@@ -409,7 +247,7 @@ class LitStore:
         event = AttemptStarted(meta=self.events.factory.meta(rollout_id), attempt_id=new_attempt_id(),
                                sequence_id=len(snap.attempts) + 1, start_time=time.time(), worker_id=worker_id,
                                force=True)
-        result = rollout_from_snapshot(self._accepted(await self._write(event)))
+        result = rollout_from_snapshot(self._accepted(await self.log.write(event)))
         assert isinstance(result, AttemptedRollout)
         return result
 
@@ -439,9 +277,9 @@ class LitStore:
             claims = [AttemptStarted(meta=self.events.factory.meta(o.rollout_id), attempt_id=new_attempt_id(),
                                      sequence_id=o.attempt_sequence, start_time=time.time(), worker_id=worker_id)
                       for o, _ in offers]
-            futures = self._send_lifecycle(claims)
+            futures = self.log.send_lifecycle(claims)
             try:
-                answers = await self._outcomes(futures, claims)
+                answers = await self.log.outcomes(futures, claims)
             finally:  # every claim's outcome is known (or given up on): those offers are handled, whoever won
                 self.offers.handled(offers)
             for done in answers:
@@ -466,7 +304,7 @@ class LitStore:
             fields["config"] = AvroRolloutConfig(**(cfg.model_dump() if isinstance(cfg, RolloutConfig) else cfg))
         event = RolloutUpdated(meta=self.events.factory.meta(rollout_id), time=time.time(), set_fields=list(fields),
                                **fields)
-        return rollout_from_snapshot(self._accepted(await self._write(event)))
+        return rollout_from_snapshot(self._accepted(await self.log.write(event)))
 
     async def update_attempt(self, rollout_id: str, attempt_id: str, status: Any = UNSET, worker_id: Any = UNSET,
                              last_heartbeat_time: Any = UNSET, metadata: Any = UNSET) -> Attempt:
@@ -483,7 +321,7 @@ class LitStore:
             raise ValueError("status cannot be null")
         event = AttemptUpdated(meta=self.events.factory.meta(rollout_id), attempt_id=target, time=time.time(),
                                set_fields=list(fields), **fields)
-        after = self._accepted(await self._write(event))
+        after = self._accepted(await self.log.write(event))
         return next(_attempt(after, a) for a in after.attempts if a.attempt_id == target)
 
     async def query_rollouts(self, *, status_in: Sequence[str] | None = None,
@@ -531,7 +369,7 @@ class LitStore:
         if timeout is not None and timeout <= 0:
             return finished() or [rollout_from_snapshot(s) for rid in rollout_ids
                                   if (s := self.rollouts.snapshots.get(rid)) is not None and s.status in FINISHED]
-        result = await self._until(self.rollouts, finished, timeout if timeout is not None else 1e9)
+        result = await self.log.until(self.rollouts, finished, timeout if timeout is not None else 1e9)
         if result is not None:
             return result
         return [rollout_from_snapshot(s) for rid in rollout_ids
@@ -553,9 +391,9 @@ class LitStore:
             else:
                 runs.append((rid, aid, 1))
         events = [SequenceRequested(meta=self.events.factory.meta(rid), attempt_id=aid, count=n) for rid, aid, n in runs]
-        futures = self._send_lifecycle(events)
+        futures = self.log.send_lifecycle(events)
         ids: list[int] = []
-        for done, e in zip(await self._outcomes(futures, events), events):
+        for done, e in zip(await self.log.outcomes(futures, events), events):
             snap = self._accepted(done)
             assert snap.last_reserved is not None
             ids.extend(range(snap.last_reserved, snap.last_reserved + e.count))
@@ -647,7 +485,7 @@ class LitStore:
             urgent = span_beat_urgent(self.rollouts.snapshots.get(rid), aid, seq)
             if (due := self._span_beats.due_for(rid, aid, urgent)) is not None:
                 beats[(rid, aid)] = due.max_sequence_id
-        acked, report = self._acks(len(batch) + len(beats))
+        acked, report = self.log.acks(len(batch) + len(beats))
 
         def span_report(err: Any, msg: Any) -> None:
             self._on_span_delivered(err, msg)
@@ -664,10 +502,10 @@ class LitStore:
                 fut = self.rollouts.expect(beat.meta.event_id)
                 shown.append((beat, fut))
             self.events.send(self.events.topics.rollout_events, beat,
-                             on_delivery=_also(report, self._folds_when_stored(beat, fut)))
-        await self._acknowledged(acked, "the spans")
+                             on_delivery=also(report, self.log.lifecycle_report(beat, fut)))
+        await self.log.acknowledged(acked, "the spans")
         for beat, fut in shown:  # read-your-writes of the attempt a span started or revived
-            await self._outcome(fut, beat)
+            await self.log.outcome(fut, beat)
         for key, _, _ in batch:  # only spans on Kafka count as added: a failed call can be retried
             self._span_keys[key] = None
         while len(self._span_keys) > 200_000:
@@ -723,7 +561,7 @@ class LitStore:
         now = time.time()
         event = ResourcesPublished(**self.events.factory.stamp(), resources_id=resources_id, version=1,
                                    create_time=now, update_time=now, resources=to_records(resources))
-        seen = await self._until(self.resources, lambda: True if event.event_id in self.resources.seen_events else None,
+        seen = await self.log.until(self.resources, lambda: True if event.event_id in self.resources.seen_events else None,
                                  self.wait_s, sent=(self.events.topics.resources, event))
         if seen is None:
             raise StoreError("the resources topic did not return the update in time")
@@ -749,9 +587,9 @@ class LitStore:
                               stats: dict[str, Any] | None = None) -> WorkerObserved:
         event = WorkerObserved(**self.events.factory.stamp(), worker_id=worker_id, time=time.time(), kind=kind,
                                heartbeat_stats=stats)
-        acked, report = self._acks(1)
+        acked, report = self.log.acks(1)
         self.events.send(self.events.topics.workers, event, on_delivery=report)
-        await self._acknowledged(acked, "the worker's record")
+        await self.log.acknowledged(acked, "the worker's record")
         self.workers.observe([event], written=True)  # stored: shown at once, not after reading it back
         return event
 
