@@ -63,6 +63,13 @@ class RolloutReplica(TopicFollower):
         """Call ``listener`` (under the replica's lock) with what every accepted event did."""
         self._on_fold.append(listener)
 
+    def known(self, rollout_id: str) -> RolloutSnapshot:
+        """The rollout's snapshot; an unknown rollout is the caller's error."""
+        snap = self.snapshots.get(rollout_id)
+        if snap is None:
+            raise ValueError(f"Rollout {rollout_id} not found")
+        return snap
+
     def expect(self, event_id: str) -> Future[Folded]:
         """Register before producing the event: the future gets what it did."""
         fut: Future[Folded] = Future()

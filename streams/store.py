@@ -16,29 +16,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import Future
 from typing import Any, Literal, TypeVar
 
-from confluent_kafka import TopicPartition
-
 from litstream.infra import clickhouse
-from litstream.infra.kafka import consumer
 from litstream.infra.settings import Settings
 from litstream.schemas.events import (
-    AttemptHeartbeat,
     AttemptStarted,
     AttemptUpdated,
     AvroRolloutConfig,
-    ResourceRecord,
     ResourcesPublished,
     RolloutEnqueued,
     RolloutSnapshot,
     RolloutUpdated,
     SequenceRequested,
-    SpanEventRecord,
-    SpanLinkRecord,
     SpanRecorded,
     WorkerObserved,
 )
@@ -59,11 +50,11 @@ from litstream.schemas.models import (
     new_rollout_id,
 )
 
-from .log_writer import LogWriter, StoreError, also
+from .log_writer import LogWriter, StoreError
 from .offers import OfferReader
 from .resources import to_records
 from .rollout_replica import Folded
-from .span_beats import SpanBeats
+from .span_writer import SpanWriter
 from .state import rollout_from_snapshot
 from .views import ResourcesView, WorkersView
 from .workers import attempt_observations
@@ -79,28 +70,6 @@ class _Unset:
 
 UNSET: Any = _Unset()
 SortOrder = Literal["asc", "desc"]
-
-
-def span_beat_urgent(snap: RolloutSnapshot | None, attempt_id: str, max_sequence_id: int | None) -> bool:
-    """Whether spans just written need their ``AttemptHeartbeat`` now rather than within the throttle's second
-    (``span_beats``), because it changes something (pure): the attempt is not running yet (the beat starts or
-    revives it), or a span carries a sequence id the log has not reserved (the beat moves the counter past it)."""
-    if snap is None:
-        return True
-    if max_sequence_id is not None and max_sequence_id >= snap.next_sequence_id:
-        return True
-    attempt = next((a for a in snap.attempts if a.attempt_id == attempt_id), None)
-    return attempt is None or attempt.status != "running"
-
-
-def span_heartbeat_shows(snap: RolloutSnapshot | None, attempt_id: str) -> bool:
-    """Whether a span's heartbeat changes what readers see of its attempt (pure): it starts a preparing attempt,
-    revives an unresponsive one (see the fold), or records the attempt's first heartbeat. The span call then
-    returns once that is folded, so the attempt reads as the reference's does right after ``add_span``; other
-    beats only keep the timers off and are not waited for."""
-    attempt = None if snap is None else next((a for a in snap.attempts if a.attempt_id == attempt_id), None)
-    return (attempt is None or attempt.status in ("preparing", "unresponsive")
-            or attempt.last_heartbeat_time is None)
 
 
 class FieldError(ValueError):
@@ -149,7 +118,6 @@ def _attempt(snap: RolloutSnapshot, a: Any) -> Attempt:
                    last_heartbeat_time=a.last_heartbeat_time, metadata=a.metadata)
 
 
-_SpanKey = tuple[str, str, str]  # rollout id, attempt id, span id
 
 
 class LitStore:
@@ -168,9 +136,7 @@ class LitStore:
         self.rollouts.on_fold(self._observe_attempts)
         self.offers = OfferReader(settings, self.codec, self.rollouts)
         self.log.on_enqueued = self.offers.enqueued_here
-        self._span_keys: OrderedDict[_SpanKey, None] = OrderedDict()  # own writes, bounded
-        self._span_offsets: dict[int, int] = {}  # spans partition -> highest offset this store wrote
-        self._span_beats = SpanBeats()
+        self.spans = SpanWriter(settings, self.log)
         self._started = time.time()
 
     @property
@@ -200,12 +166,6 @@ class LitStore:
         if not done.accepted or done.snapshot is None:
             raise ValueError(done.reason or "rejected")
         return done.snapshot
-
-    def _known(self, rollout_id: str) -> RolloutSnapshot:
-        snap = self.rollouts.snapshots.get(rollout_id)
-        if snap is None:
-            raise ValueError(f"Rollout {rollout_id} not found")
-        return snap
 
     def _latest_resources_id(self) -> str | None:
         return self.resources.state.latest_id
@@ -243,7 +203,7 @@ class LitStore:
         return result
 
     async def start_attempt(self, rollout_id: str, worker_id: str | None = None) -> AttemptedRollout:
-        snap = self._known(rollout_id)
+        snap = self.rollouts.known(rollout_id)
         event = AttemptStarted(meta=self.events.factory.meta(rollout_id), attempt_id=new_attempt_id(),
                                sequence_id=len(snap.attempts) + 1, start_time=time.time(), worker_id=worker_id,
                                force=True)
@@ -291,7 +251,7 @@ class LitStore:
 
     async def update_rollout(self, rollout_id: str, input: Any = UNSET, mode: Any = UNSET, resources_id: Any = UNSET,
                              status: Any = UNSET, config: Any = UNSET, metadata: Any = UNSET) -> Rollout:
-        self._known(rollout_id)
+        self.rollouts.known(rollout_id)
         given = {"input": input, "mode": mode, "resources_id": resources_id, "status": status, "config": config,
                  "metadata": metadata}
         fields = {k: v for k, v in given.items() if v is not UNSET}
@@ -308,7 +268,7 @@ class LitStore:
 
     async def update_attempt(self, rollout_id: str, attempt_id: str, status: Any = UNSET, worker_id: Any = UNSET,
                              last_heartbeat_time: Any = UNSET, metadata: Any = UNSET) -> Attempt:
-        snap = self._known(rollout_id)
+        snap = self.rollouts.known(rollout_id)
         if not snap.attempts:
             raise ValueError(f"No attempts found for rollout {rollout_id}")
         target = snap.attempts[-1].attempt_id if attempt_id == "latest" else attempt_id
@@ -375,7 +335,20 @@ class LitStore:
         return [rollout_from_snapshot(s) for rid in rollout_ids
                 if (s := self.rollouts.snapshots.get(rid)) is not None and s.status in FINISHED]
 
-    # -- span sequence ids and spans ------------------------------------------------------------------------
+    # -- spans (streams/span_writer.py) ------------------------------------------------------------------
+
+    async def add_span(self, span: Span) -> Span | None:
+        return await self.spans.add_span(span)
+
+    async def add_many_spans(self, spans: Sequence[Span]) -> list[Span]:
+        """Record spans; each counts as a heartbeat of its attempt. Returns those not already added."""
+        return await self.spans.add_many_spans(spans)
+
+    async def add_span_records(self, records: Sequence[dict[str, Any]]) -> int:
+        """:meth:`SpanWriter.add_span_records`: spans an ingest edge (OTLP) built as Avro records itself."""
+        return await self.spans.add_span_records(records)
+
+    # -- span sequence ids ------------------------------------------------------------------------
 
     async def get_next_span_sequence_id(self, rollout_id: str, attempt_id: str) -> int:
         return (await self.get_many_span_sequence_ids([(rollout_id, attempt_id)]))[0]
@@ -385,7 +358,7 @@ class LitStore:
         order they are handed out, whichever process asks. A run of requests for one rollout is one reservation."""
         runs: list[tuple[str, str, int]] = []
         for rid, aid in rollout_attempt_ids:
-            self._known(rid)
+            self.rollouts.known(rid)
             if runs and runs[-1][0] == rid:
                 runs[-1] = (rid, runs[-1][1], runs[-1][2] + 1)
             else:
@@ -398,118 +371,6 @@ class LitStore:
             assert snap.last_reserved is not None
             ids.extend(range(snap.last_reserved, snap.last_reserved + e.count))
         return ids
-
-    def _span_event(self, span: Span) -> SpanRecorded:
-        def ns(t: float | None) -> int | None:
-            return None if t is None else int(round(t * 1e9))
-
-        return SpanRecorded(
-            meta=self.events.factory.meta(span.rollout_id), attempt_id=span.attempt_id,
-            sequence_id=span.sequence_id, trace_id=span.trace_id, span_id=span.span_id, parent_id=span.parent_id,
-            name=span.name, status_code=span.status.status_code, status_message=span.status.description,
-            start_time_ns=ns(span.start_time) or 0, end_time_ns=ns(span.end_time),
-            attributes=dict(span.attributes),  # type: ignore[arg-type]
-            events=[SpanEventRecord(name=e.name, timestamp_ns=ns(e.timestamp), attributes=dict(e.attributes))  # type: ignore[arg-type]
-                    for e in span.events],
-            links=[SpanLinkRecord(trace_id=ln.context.trace_id, span_id=ln.context.span_id,
-                                  attributes=dict(ln.attributes or {})) for ln in span.links],  # type: ignore[arg-type]
-            resource=ResourceRecord(attributes=dict(span.resource.attributes),  # type: ignore[arg-type]
-                                    schema_url=span.resource.schema_url),
-            resources_id=(self.rollouts.snapshots[span.rollout_id].resources_id
-                          if span.rollout_id in self.rollouts.snapshots else None),
-        )
-
-    def _on_span_delivered(self, err: Any, msg: Any) -> None:
-        if err is None:
-            p = int(msg.partition())
-            self._span_offsets[p] = max(self._span_offsets.get(p, -1), int(msg.offset()))
-
-    async def add_span(self, span: Span) -> Span | None:
-        added = await self.add_many_spans([span])
-        return added[0] if added else None
-
-    async def add_many_spans(self, spans: Sequence[Span]) -> list[Span]:
-        """Record spans; each counts as a heartbeat of its attempt. Returns those not already added."""
-        batch: list[tuple[_SpanKey, int, bytes, Span]] = []
-        seen: set[_SpanKey] = set()
-        for span in spans:  # check and encode the whole batch first: a bad span must not leave it half written
-            key = self._new_span(span.rollout_id, span.attempt_id, span.span_id, seen)
-            if key is not None:
-                batch.append((key, span.sequence_id, self.codec.encode(self._span_event(span)), span))
-        await self._write_spans([(key, seq, value) for key, seq, value, _ in batch])
-        return [span for *_, span in batch]
-
-    async def add_span_records(self, records: Sequence[dict[str, Any]]) -> int:
-        """:meth:`add_many_spans` for an ingest edge that builds SpanRecorded Avro records itself (OTLP), checked
-        there: each record without ``meta`` (added here), its rollout id in ``rollout_id``. Returns how many were
-        new."""
-        batch: list[tuple[_SpanKey, int, bytes]] = []
-        seen: set[_SpanKey] = set()
-        for rec in records:
-            rid = rec.pop("rollout_id")
-            key = self._new_span(rid, rec["attempt_id"], rec["span_id"], seen)
-            if key is None:
-                continue
-            batch.append((key, rec["sequence_id"], self.codec.encode_record(SpanRecorded.avro_name,
-                                                                             self._span_wire_record(rid, rec))))
-        await self._write_spans(batch)
-        return len(batch)
-
-    def _span_wire_record(self, rollout_id: str, rec: dict[str, Any]) -> dict[str, Any]:
-        """The record with this store's meta and the rollout's resources (a new dict: the caller's parts, e.g. one
-        resource shared by every span of a request, are only read)."""
-        snap = self.rollouts.snapshots.get(rollout_id)
-        return {"meta": self.events.factory.meta_record(rollout_id), **rec,
-                "resources_id": snap.resources_id if snap is not None else None}
-
-    def _new_span(self, rollout_id: str, attempt_id: str, span_id: str, seen: set[_SpanKey]) -> _SpanKey | None:
-        """The span's key, or None for a duplicate of one this store wrote; an unknown attempt is an error."""
-        snap = self._known(rollout_id)
-        if all(a.attempt_id != attempt_id for a in snap.attempts):
-            raise ValueError(f"Attempt {attempt_id} not found for rollout {rollout_id}")
-        key = (rollout_id, attempt_id, span_id)
-        if key in self._span_keys or key in seen:
-            return None
-        seen.add(key)
-        return key
-
-    async def _write_spans(self, batch: list[tuple[_SpanKey, int, bytes]]) -> None:
-        """Produce encoded spans, and a heartbeat (carrying the counter) for each attempt whose beat is due;
-        returns once the broker acknowledged them all."""
-        top: dict[tuple[str, str], int] = {}
-        for (rid, aid, _), seq, _value in batch:
-            top[(rid, aid)] = max(top.get((rid, aid), 0), seq)
-        beats: dict[tuple[str, str], int | None] = {}
-        for (rid, aid), seq in top.items():
-            self._span_beats.spans(rid, aid, seq)
-            urgent = span_beat_urgent(self.rollouts.snapshots.get(rid), aid, seq)
-            if (due := self._span_beats.due_for(rid, aid, urgent)) is not None:
-                beats[(rid, aid)] = due.max_sequence_id
-        acked, report = self.log.acks(len(batch) + len(beats))
-
-        def span_report(err: Any, msg: Any) -> None:
-            self._on_span_delivered(err, msg)
-            report(err, msg)
-
-        for (rid, _, _), _seq, value in batch:
-            self.events.produce_raw(self.events.topics.spans, rid.encode(), value, on_delivery=span_report)
-        shown: list[tuple[AttemptHeartbeat, Future[Folded]]] = []
-        for (rid, aid), max_seq in beats.items():
-            beat = AttemptHeartbeat(meta=self.events.factory.meta(rid), attempt_id=aid, time=time.time(),
-                                    max_sequence_id=max_seq)
-            fut = None
-            if span_heartbeat_shows(self.rollouts.snapshots.get(rid), aid):
-                fut = self.rollouts.expect(beat.meta.event_id)
-                shown.append((beat, fut))
-            self.events.send(self.events.topics.rollout_events, beat,
-                             on_delivery=also(report, self.log.lifecycle_report(beat, fut)))
-        await self.log.acknowledged(acked, "the spans")
-        for beat, fut in shown:  # read-your-writes of the attempt a span started or revived
-            await self.log.outcome(fut, beat)
-        for key, _, _ in batch:  # only spans on Kafka count as added: a failed call can be retried
-            self._span_keys[key] = None
-        while len(self._span_keys) > 200_000:
-            self._span_keys.popitem(last=False)
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None, *, trace_id: str | None = None,
                           trace_id_contains: str | None = None, span_id: str | None = None,
@@ -525,7 +386,7 @@ class LitStore:
             if latest is None:
                 return PaginatedResult(items=[], limit=limit, offset=offset, total=0)
             attempt_id = latest.attempt_id
-        await asyncio.to_thread(self._wait_for_sink)
+        await asyncio.to_thread(self.spans.wait_for_sink)
         sql, parameters = _spans_sql(rollout_id, attempt_id, filter_logic, TraceId=(trace_id, trace_id_contains),
                                      SpanId=(span_id, span_id_contains), ParentSpanId=(parent_id, parent_id_contains),
                                      SpanName=(name, name_contains))
@@ -534,23 +395,6 @@ class LitStore:
                                       wait_s=10.0, parameters=parameters)
         spans = [span_from_record(SpanRecorded.model_validate_json(r[0])) for r in res.rows]
         return _paginate(spans, sort_by, sort_order, limit, offset)
-
-    def _wait_for_sink(self, timeout: float = 30.0) -> None:
-        """Read-your-writes for spans: wait until the sink has committed past what this store produced."""
-        if not self._span_offsets:
-            return
-        c = consumer(self.settings, group_id=f"{self.settings.topic_prefix}-span-sink")
-        try:
-            deadline = time.monotonic() + timeout
-            wanted = [TopicPartition(self.events.topics.spans, p) for p in self._span_offsets]
-            while time.monotonic() < deadline:
-                committed = c.committed(wanted, timeout=5.0)
-                if all(tp.offset > self._span_offsets[tp.partition] for tp in committed):
-                    return
-                time.sleep(0.05)
-        finally:
-            c.close()
-        raise StoreError("the span sink has not stored this store's spans yet; is it running? (litstream status)")
 
     # -- resources -----------------------------------------------------------------------------------------
 

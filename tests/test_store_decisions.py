@@ -6,7 +6,7 @@ from __future__ import annotations
 from litstream.schemas.events import AttemptSnapshot, EventFactory, RolloutOffered, RolloutSnapshot
 from litstream.streams.offers import OfferLedger, OfferQueue, offer_queue_time
 from litstream.streams.span_beats import SPAN_HEARTBEAT_EVERY_S, SpanBeats
-from litstream.streams.store import span_beat_urgent, span_heartbeat_shows
+from litstream.streams.span_writer import span_beat_urgent, span_heartbeat_shows
 
 
 def test_an_offer_whose_claim_is_travelling_holds_the_commit_back() -> None:
