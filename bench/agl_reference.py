@@ -57,7 +57,9 @@ litstream. It reads its config as one JSON object on stdin and prints one JSON l
   a LightningStoreServer(InMemoryLightningStore()) started as a process of its own (as a gateway is):
 
       {"mode": "agent_loop", "url": null, "n": 400, "workers": [1, 16], "spans": 10, "variants": [...],
-       "empty_sleep_s": 0.01}
+       "empty_sleep_s": 0.01, "warmup": 100}
+
+  `warmup` rollouts go through the same loop first, untimed, with the most agents (0: none).
 
   -> {..., "runs": {"16": {"wall_s", "rollouts", "empty_dequeues", "calls": {kind: {"n", "p50_ms", "p90_ms",
       "p99_ms"}}}}}
@@ -598,6 +600,8 @@ async def agent_loop_run(url: str, cfg: dict[str, Any], workers: int) -> dict[st
 async def agent_loop(cfg: dict[str, Any]) -> dict[str, Any]:
     proc, url = (None, cfg["url"]) if cfg.get("url") else reference_server()
     try:
+        if cfg.get("warmup"):  # untimed: the same loop warms the server (the broker's JIT, caches) on both sides
+            await agent_loop_run(url, {**cfg, "n": cfg["warmup"]}, max(cfg["workers"]))
         runs = {str(w): await agent_loop_run(url, cfg, w) for w in cfg["workers"]}
     finally:
         if proc is not None:

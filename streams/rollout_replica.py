@@ -56,6 +56,10 @@ class RolloutReplica(TopicFollower):
         self.snapshots: dict[str, RolloutSnapshot] = {}
         self._folded: dict[int, int] = {}  # partition -> the last offset folded
         self._waiters: dict[str, Future[Folded]] = {}  # event id -> its answer
+        # An answer goes out once the event is both folded and acknowledged (the writer's delivery report may come
+        # after the follower has folded the record): whichever comes first waits here for the other.
+        self._folded_first: dict[str, Folded] = {}
+        self._acked_first: set[str] = set()
         self._on_fold: list[Callable[[Folded], None]] = []
         super().__init__(settings, f"{settings.topic_prefix}.rollout-events", codec)
 
@@ -80,14 +84,24 @@ class RolloutReplica(TopicFollower):
     def forget(self, event_id: str) -> None:
         with self.changed:
             self._waiters.pop(event_id, None)
+            self._folded_first.pop(event_id, None)
+            self._acked_first.discard(event_id)
 
     def acknowledged(self, partition: int, offset: int, event: Event) -> None:
-        """The broker stored ``event`` at ``offset``: fold it now if it is the next record of its partition."""
+        """The broker stored ``event`` at ``offset``: fold it now if it is the next record of its partition. Its
+        answer goes out once it is folded, now or when the follower reaches it."""
         with self.changed:
             if self._folded.get(partition) == offset - 1:
                 self._folded[partition] = offset
                 self._fold(event)
                 self._check_watchers()
+            event_id = event.meta.event_id
+            if event_id in self._waiters:
+                done = self._folded_first.pop(event_id, None)
+                if done is None:
+                    self._acked_first.add(event_id)
+                else:
+                    _settle(self._waiters.pop(event_id), done)
 
     def _take(self, msg: Any) -> None:
         partition, offset = int(msg.partition() or 0), int(msg.offset() or 0)
@@ -128,12 +142,21 @@ class RolloutReplica(TopicFollower):
         self._answer(event, done)
 
     def _answer(self, event: Event, done: Folded) -> None:
-        fut = self._waiters.pop(event.meta.event_id, None)
-        if fut is not None:
-            try:
-                fut.set_result(done)
-            except InvalidStateError:  # given up on meanwhile
-                pass
+        event_id = event.meta.event_id
+        if event_id not in self._waiters:
+            return
+        if event_id in self._acked_first:
+            self._acked_first.discard(event_id)
+            _settle(self._waiters.pop(event_id), done)
+        else:
+            self._folded_first[event_id] = done
+
+
+def _settle(fut: Future[Folded], done: Folded) -> None:
+    try:
+        fut.set_result(done)
+    except InvalidStateError:  # given up on meanwhile
+        pass
 
 
 def _duplicate(state: RolloutState | None, event: Event) -> Folded:
