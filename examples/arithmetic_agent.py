@@ -148,18 +148,25 @@ def mean_and_stderr(per_task: list[float]) -> tuple[float, float]:
 
 
 def measure(tasks: list[dict[str, Any]], samples: int, temperature: float, batch: int, seed: int,
-            show: int) -> dict[str, Any]:
-    """Score the untrained SmolLM2 on ``tasks`` (``samples`` answers each) with the policy server's backend."""
+            show: int, checkpoint: Path | None = None) -> dict[str, Any]:
+    """Score SmolLM2 on ``tasks`` (``samples`` answers each) with the policy server's backend: untrained, or the
+    weights of a trainer's ``checkpoint`` directory."""
     import torch
 
+    from litstream.trainer.checkpoint import load_checkpoint
     from litstream.trainer.engines import TorchEngine
     from litstream.trainer.policy import load_smollm2
     from litstream.workers.policy_server.backends import torch_backend
 
     torch.manual_seed(seed)
     t0 = time.perf_counter()
-    policy = load_smollm2()
-    backend = torch_backend(TorchEngine(policy.model, policy.tokenizer), "smollm2")
+    if checkpoint is not None:
+        ck = load_checkpoint(checkpoint, with_optimizer=False)
+        model, tokenizer = ck.model, ck.tokenizer
+    else:
+        policy = load_smollm2()
+        model, tokenizer = policy.model, policy.tokenizer
+    backend = torch_backend(TorchEngine(model, tokenizer), "smollm2")
     load_s = time.perf_counter() - t0
     prompts = [backend.chat_prompt([(m["role"], m["content"]) for m in messages(t)]) for t in tasks
                for _ in range(samples)]
@@ -178,11 +185,64 @@ def measure(tasks: list[dict[str, Any]], samples: int, temperature: float, batch
     mean, stderr = mean_and_stderr(per_task)
     examples = [{"question": tasks[o]["question"], "answer": tasks[o]["answer"], "response": text, "reward": s}
                 for o, text, s in list(zip(owners, texts, scores, strict=True))[::samples][:show]]
-    return {"tasks": len(tasks), "samples": samples, "mean": round(mean, 4), "stderr": round(stderr, 4),
+    return {"checkpoint": str(checkpoint) if checkpoint else None,
+            "tasks": len(tasks), "samples": samples, "mean": round(mean, 4), "stderr": round(stderr, 4),
             "temperature": temperature, "max_tokens": MAX_TOKENS, "batch": batch, "load_s": round(load_s, 1),
             "generate_s": round(gen_s, 1), "s_per_rollout": round(gen_s / len(prompts), 3),
             "new_tokens_per_s": round(new_tokens / gen_s, 1), "mean_new_tokens": round(new_tokens / len(prompts), 1),
             "examples": examples}
+
+
+def run_training(args: argparse.Namespace) -> dict[str, Any]:
+    """GRPO on SmolLM2 through ``Trainer.fit``, the agent calling the policy endpoint; returns the summary.
+
+    Windows close on count only (8 groups, no time limit): with SmolLM2 on a CPU a time-closed window held one or
+    two groups, and each such step moved the policy on a handful of samples."""
+    from litstream.app.trainer import Trainer
+    from litstream.infra.settings import Settings
+    from litstream.trainer.algorithm import GRPO
+
+    algorithm = GRPO(model="smollm2", temperature=args.temperature, max_tokens=MAX_TOKENS, lr=args.lr,
+                     group_size=args.group_size, groups_per_step=args.groups, val_every=args.val_every,
+                     val_samples=args.val_samples, patience=None, minutes=args.minutes,
+                     max_versions=args.max_versions, window_seconds=None, seed=args.seed)
+    settings = Settings(data_dir=args.data_dir) if args.data_dir else Settings()
+    summary = Trainer(algorithm=algorithm, n_runners=1, concurrency=32, model="smollm2", settings=settings).fit(
+        "examples.arithmetic_agent:arithmetic_agent", read_jsonl(args.train), read_jsonl(args.val))
+    return summary.as_dict()
+
+
+def plot(summary: dict[str, Any], out: Path, title: str) -> None:
+    """Training reward per version and validation with its 95% interval, the best version marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    train_r = {int(v): r for v, r in summary["train_reward_by_version"].items()}
+    vs = sorted(train_r)
+    ax.plot(vs, [train_r[v] for v in vs], marker="o", markersize=3, alpha=0.6,
+            label="mean reward of the training rollouts (8 per task)")
+    val = {int(v): e for v, e in summary["validation"].items()}
+    xs = sorted(val)
+    ax.errorbar(xs, [val[v]["mean"] for v in xs], yerr=[1.96 * (val[v]["se"] or 0) for v in xs], fmt="s-",
+                color="tab:green", capsize=3, label="held-out validation, 95% interval")
+    best = summary.get("best") or {}
+    if best.get("version") is not None:
+        ax.plot([best["version"]], [best["validation"]], marker="*", color="tab:red", markersize=14,
+                linestyle="none", label=f"best validated: v{best['version']}")
+    first = val[xs[0]] if xs else {"tasks": 0, "samples": 0}
+    ax.set_xlabel("policy version")
+    ax.set_ylabel("reward (exact answer)")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"{title}\nvalidation: {first['tasks']} tasks x {first['samples']} samples")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -203,7 +263,31 @@ def main(argv: list[str] | None = None) -> None:
     m.add_argument("--batch", type=int, default=32)
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--show", type=int, default=6, help="example answers to print")
+    m.add_argument("--checkpoint", type=Path, default=None, help="a trainer's checkpoint to score (default: untrained)")
+    t = sub.add_parser("train", help="GRPO on SmolLM2 through Trainer.fit; prints the summary as JSON")
+    t.add_argument("--train", type=Path, default=DATA_DIR / "arithmetic_train.jsonl")
+    t.add_argument("--val", type=Path, default=DATA_DIR / "arithmetic_val.jsonl")
+    t.add_argument("--temperature", type=float, default=0.5)
+    t.add_argument("--lr", type=float, default=1e-5)
+    t.add_argument("--group-size", type=int, default=8)
+    t.add_argument("--groups", type=int, default=4, help="groups per training step")
+    t.add_argument("--val-every", type=int, default=10)
+    t.add_argument("--val-samples", type=int, default=4)
+    t.add_argument("--minutes", type=float, default=24.0, help="stop submitting training rollouts after this long")
+    t.add_argument("--max-versions", type=int, default=None)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--data-dir", type=Path, default=None)
+    pl = sub.add_parser("plot", help="draw a train summary's reward curve")
+    pl.add_argument("summary", type=Path, help="the JSON `train` printed")
+    pl.add_argument("--out", type=Path, required=True)
+    pl.add_argument("--title", default="GRPO on SmolLM2-135M-Instruct, word problems, 2 CPU cores")
     args = parser.parse_args(argv)
+    if args.command == "train":
+        print(json.dumps(run_training(args)))
+        return
+    if args.command == "plot":
+        plot(json.loads(args.summary.read_text()), args.out, args.title)
+        return
     if args.command == "data":
         args.out.mkdir(parents=True, exist_ok=True)
         train = make_dataset(args.train, args.seed, args.level)
@@ -212,7 +296,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"wrote {args.train} + {args.val} level-{args.level} tasks to {args.out}")
         return
     tasks = make_dataset(args.tasks, 1, args.level) if args.level else read_jsonl(args.val)[: args.tasks]
-    print(json.dumps(measure(tasks, args.samples, args.temperature, args.batch, args.seed, args.show), indent=1))
+    print(json.dumps(measure(tasks, args.samples, args.temperature, args.batch, args.seed, args.show,
+                             args.checkpoint), indent=1))
 
 
 if __name__ == "__main__":

