@@ -41,7 +41,7 @@ class TopicSpec:
 # spans are kept a week once copied into ClickHouse (the span sink's copy is the one queried); offers are dead once
 # claimed, so a day; triplets a month (the trainer's input, replayable from the spans in ClickHouse after that).
 # Rollout state is compacted (each record is a whole snapshot: the newest per rollout is all a reader needs).
-# Workers are not: their records are observations that readers fold (streams/workers.py), and compaction would
+# Workers are not: their records are observations that readers fold (streams/worker_fold.py), and compaction would
 # keep only each worker's last one, dropping what earlier ones set (its last dequeue, busy time, heartbeat),
 # so they are kept a week. Each retention can be changed per topic with LITSTREAM_TOPIC_RETENTION_MS, e.g.
 # '{"spans": 86400000}', before the topics are created (`litstream topics create`, `litstream up`'s first

@@ -47,7 +47,7 @@ from .deadletter import DeadLetter
 from .decisions import due, next_deadline
 from .log_records import Unfoldable, lifecycle_event
 from .state import RolloutState
-from .workers import attempt_observations
+from .worker_fold import attempt_observations
 
 log = logging.getLogger("litstream.lifecycle")
 ROLE = "lifecycle"

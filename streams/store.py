@@ -57,7 +57,7 @@ from .rollout_replica import Folded
 from .span_writer import SpanWriter
 from .state import rollout_from_snapshot
 from .views import ResourcesView, WorkersView
-from .workers import attempt_observations
+from .worker_fold import attempt_observations
 
 log = logging.getLogger("litstream.store")
 T = TypeVar("T")

@@ -23,7 +23,7 @@ from litstream.schemas.events import AvroModel, ResourcesPublished, RolloutSnaps
 from litstream.schemas.models import Worker
 
 from .resources import ResourcesState, apply_resources
-from .workers import apply_worker
+from .worker_fold import apply_worker
 
 T = TypeVar("T")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from litstream.schemas.events import EventFactory, ResourcesPublished, WorkerObserved
 from litstream.schemas.models import LLM, PromptTemplate
 from litstream.streams.resources import ResourcesState, apply_resources, to_records
-from litstream.streams.workers import apply_worker, worker_status_for
+from litstream.streams.worker_fold import apply_worker, worker_status_for
 
 F = EventFactory(role="test")
 
