@@ -161,15 +161,8 @@ class OfferReader:
     async def take(self, limit: int) -> list[Taken]:
         """Up to ``limit`` offers whose claim could still win, oldest first; empty when none is on offer here.
         Only taking offers is serialised; the claims of concurrent calls travel side by side."""
-        loop = asyncio.get_running_loop()
-        while True:
-            async with self._lock:
-                offers = await loop.run_in_executor(self._thread, self._next, limit)
-            if not offers:
-                return []
-            fresh = self._drop_stale(offers)
-            if fresh:
-                return fresh
+        async with self._lock:
+            return await asyncio.get_running_loop().run_in_executor(self._thread, self._next, limit)
 
     def handled(self, offers: Iterable[Taken]) -> None:
         """Their claims' outcomes are known (or given up on), whoever won: commit what that allows."""
@@ -179,6 +172,13 @@ class OfferReader:
         if self._consumer is not None:
             await asyncio.get_running_loop().run_in_executor(self._thread, self._consumer.close)
         self._thread.shutdown(wait=False)
+
+    def _pop_fresh(self, limit: int) -> list[Taken]:
+        """Up to ``limit`` of the oldest offers at hand whose claim could still win (on the offers thread)."""
+        fresh: list[Taken] = []
+        while len(fresh) < limit and len(self._queue):
+            fresh += self._drop_stale(self._queue.pop(limit - len(fresh)))
+        return fresh
 
     def _drop_stale(self, offers: list[tuple[RolloutOffered, tuple[int, int]]]
                     ) -> list[tuple[RolloutOffered, tuple[int, int]]]:
@@ -235,7 +235,7 @@ class OfferReader:
         consumer has fetched (up to ``OFFER_READ_AHEAD`` waiting here). With offers waiting, it first waits (at
         most ``OFFER_ORDER_WAIT_S``) until every partition has delivered a record or its end since it was
         assigned; with none, until one comes, every partition is known to be at its end (the queue is empty: no
-        offers) or ``OFFER_WAIT_S`` passes. Offers read count as taken (the ledger keeps their offsets from being
+        offers) or ``OFFER_WAIT_S`` passes. Stale offers are dropped on the way. Offers read count as taken (the ledger keeps their offsets from being
         committed) until their claims are answered."""
         if self._consumer is None:
             self._join()
@@ -248,14 +248,14 @@ class OfferReader:
                 self._read(msgs)
             assigned = {tp.partition for tp in self._consumer.assignment()}
             self._offer_own_enqueues(assigned)
-            if len(self._queue) and self._all_heard:
-                return self._queue.pop(limit)
+            if len(self._queue) and self._all_heard and (fresh := self._pop_fresh(limit)):
+                return fresh
             waited = time.monotonic() - start
             if len(self._queue):
                 # Just assigned, a partition may not have answered yet: an older offer may be on its way there.
                 self._all_heard = assigned <= self._ends.at_end | self._heard
-                if self._all_heard or waited >= OFFER_ORDER_WAIT_S:
-                    return self._queue.pop(limit)
+                if (self._all_heard or waited >= OFFER_ORDER_WAIT_S) and (fresh := self._pop_fresh(limit)):
+                    return fresh
             elif self._ends.covers(assigned) or waited >= OFFER_WAIT_S:
                 return []
             msg = self._consumer.poll(0.02)
