@@ -25,7 +25,7 @@ from rich.table import Table
 from litstream.infra import clickhouse, health
 from litstream.infra.kafka import read_to_end
 from litstream.infra.settings import Settings
-from litstream.schemas.policy import parse_policy_version
+from litstream.schemas.policy_versions import parse_policy_version
 from litstream.trainer import toy_task
 from litstream.trainer.algorithm import GRPO, History
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from litstream.infra.clickhouse import QueryResult
-from litstream.schemas.policy import parse_policy_version
+from litstream.schemas.policy_versions import parse_policy_version
 
 Run = Callable[[str], QueryResult]
 TERMINAL = ("succeeded", "failed", "timeout", "unresponsive")

@@ -30,7 +30,7 @@ from litstream.infra.settings import Settings
 from litstream.schemas.codec import Codec
 from litstream.schemas.events import SpanRecorded
 from litstream.schemas.models import FINISHED, LLM, NamedResources, ProxyLLM, RolloutConfig
-from litstream.schemas.policy import POLICY_RESOURCE, parse_policy_version, policy_resources_id
+from litstream.schemas.policy_versions import POLICY_RESOURCE, parse_policy_version, policy_resources_id
 from litstream.streams.span_attrs import reward_value
 from litstream.streams.stateview import StateView
 from litstream.streams.views import ResourcesView, TopicFollower

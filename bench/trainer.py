@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from litstream.schemas.events import EventMeta, TripletEmitted
-from litstream.schemas.policy import policy_resources_id
+from litstream.schemas.policy_versions import policy_resources_id
 
 from .harness import Context, Report, Row, rate_row, repeat, run_agl_reference
 

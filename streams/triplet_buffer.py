@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from litstream.schemas.events import RolloutSnapshot, SpanRecorded
 from litstream.schemas.models import FINISHED
-from litstream.schemas.policy import UNATTRIBUTED
+from litstream.schemas.policy_versions import UNATTRIBUTED
 
 ENDED = frozenset({"succeeded", "failed", "timeout", "unresponsive"})
 AttemptKey = tuple[str, str]

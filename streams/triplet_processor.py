@@ -34,7 +34,7 @@ from litstream.infra.settings import Settings
 from litstream.infra.topics import Topics
 from litstream.schemas.codec import DecodeError
 from litstream.schemas.events import EventMeta, RolloutSnapshot, SpanRecorded, TripletEmitted
-from litstream.schemas.policy import parse_policy_version
+from litstream.schemas.policy_versions import parse_policy_version
 
 from .deadletter import DeadLetter
 from .triplet_adapter import AdaptResult, TraceAdapter, TracerTraceToTriplet, Triplet, trace_spans

@@ -13,7 +13,7 @@ from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
 from litstream.schemas.codec import default_codec
 from litstream.schemas.events import NamedResourceRecord, ResourcesPublished, SpanRecorded
-from litstream.schemas.policy import POLICY_RESOURCE, policy_resources_id
+from litstream.schemas.policy_versions import POLICY_RESOURCE, policy_resources_id
 from litstream.trainer.checkpoint import save_checkpoint
 from litstream.trainer.engines import TorchEngine
 from litstream.trainer.policy import build_policy

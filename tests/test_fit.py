@@ -25,7 +25,7 @@ from litstream.infra.broker import KafkaBroker
 from litstream.infra.kafka import create_topics
 from litstream.infra.settings import Settings
 from litstream.schemas.models import LLM
-from litstream.schemas.policy import POLICY_RESOURCE, policy_resources_id
+from litstream.schemas.policy_versions import POLICY_RESOURCE, policy_resources_id
 from litstream.trainer.algorithm import GRPO, VAL, Algorithm, Baseline, Driver, run_all, wait_for_policy
 
 TASKS = [{"letter": "a", "count": 1}, {"letter": "b", "count": 2}, {"letter": "c", "count": 1}]

@@ -21,7 +21,7 @@ from litstream.infra import clickhouse, health
 from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
 from litstream.schemas.events import SpanRecorded
-from litstream.schemas.policy import UNATTRIBUTED
+from litstream.schemas.policy_versions import UNATTRIBUTED
 from litstream.streams.triplet_buffer import Limits
 from litstream.streams.triplet_processor import TripletProcessor
 from litstream.trainer.engines import TorchEngine

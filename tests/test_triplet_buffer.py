@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from litstream.schemas.events import AttemptSnapshot, EventMeta, RolloutSnapshot, SpanRecorded
-from litstream.schemas.policy import UNATTRIBUTED
+from litstream.schemas.policy_versions import UNATTRIBUTED
 from litstream.streams.triplet_buffer import Collector, Limits
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from litstream.schemas.models import NamedResources, PromptTemplate
-from litstream.schemas.policy import parse_policy_version, policy_resources_id
+from litstream.schemas.policy_versions import parse_policy_version, policy_resources_id
 
 from .defaults import check_lr, defaults_for
 from .signals import (

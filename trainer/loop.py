@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from litstream.schemas.events import EventMeta, TripletEmitted
-from litstream.schemas.policy import policy_resources_id
+from litstream.schemas.policy_versions import policy_resources_id
 
 from . import toy_task
 from .engines import Generation, InferenceEngine, TorchEngine

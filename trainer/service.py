@@ -5,7 +5,7 @@ triplets topic and the window buffer (groups still waiting for members). A resta
 newest checkpoint and seeks to those positions: no triplet trains twice or is lost, whatever the moment of the
 crash. Committed group offsets only show progress (lag) to operators.
 
-Each new version is published as ``policy-vN`` (schemas/policy.py): an LLM resource with the version, the
+Each new version is published as ``policy-vN`` (schemas/policy_versions.py): an LLM resource with the version, the
 checkpoint and the endpoint — ``torch://<checkpoint>`` (runners load the weights themselves) or the URL of a
 vLLM server whose weights the trainer swapped before publishing.
 """
@@ -32,7 +32,7 @@ from litstream.infra.service import Service
 from litstream.infra.settings import Settings
 from litstream.schemas.codec import DecodeError
 from litstream.schemas.events import NamedResourceRecord, ResourcesPublished, TripletEmitted
-from litstream.schemas.policy import POLICY_RESOURCE, policy_resources_id
+from litstream.schemas.policy_versions import POLICY_RESOURCE, policy_resources_id
 from litstream.streams.deadletter import DeadLetter
 
 from . import toy_task

@@ -14,7 +14,7 @@ from typing import Any
 
 from litstream.schemas.events import RolloutSnapshot
 from litstream.schemas.models import ROLLOUT_STATUSES, Span
-from litstream.schemas.policy import parse_policy_version
+from litstream.schemas.policy_versions import parse_policy_version
 
 PAGE_SIZE = 25
 MODES = ("train", "val", "test")

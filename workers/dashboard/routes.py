@@ -24,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from litstream.infra import clickhouse, health, metrics
 from litstream.infra.settings import Settings
 from litstream.schemas.models import ROLLOUT_STATUSES
-from litstream.schemas.policy import parse_policy_version
+from litstream.schemas.policy_versions import parse_policy_version
 from litstream.streams.store import LitStore
 
 from . import data

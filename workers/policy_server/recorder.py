@@ -28,7 +28,7 @@ from litstream.schemas.events import (
     SpanRecorded,
 )
 from litstream.schemas.models import FINISHED
-from litstream.schemas.policy import UNATTRIBUTED
+from litstream.schemas.policy_versions import UNATTRIBUTED
 from litstream.streams.span_beats import SpanBeats
 from litstream.streams.views import RolloutsView
 

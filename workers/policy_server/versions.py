@@ -26,7 +26,7 @@ from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
 from litstream.schemas.events import NamedResourceRecord, ResourcesPublished
 from litstream.schemas.models import LLM, ProxyLLM, ResourcesUpdate
-from litstream.schemas.policy import POLICY_RESOURCE
+from litstream.schemas.policy_versions import POLICY_RESOURCE
 from litstream.streams.resources import to_records
 from litstream.streams.views import ResourcesView
 
