@@ -12,7 +12,7 @@ from litstream.schemas.models import LLM
 from litstream.trainer.checkpoint import save_checkpoint
 from litstream.trainer.engines import TorchEngine
 from litstream.trainer.policy import build_policy
-from litstream.workers.policy import PolicyEngines
+from litstream.workers.policy_engines import PolicyEngines
 
 
 class CountingEngine(TorchEngine):

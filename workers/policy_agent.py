@@ -13,7 +13,7 @@ from typing import Any
 from litstream.schemas.models import LLM
 from litstream.trainer import toy_task
 
-from .policy import POLICIES
+from .policy_engines import POLICIES
 from .sdk import AttemptContext
 
 
