@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -22,10 +21,6 @@ log = logging.getLogger(__name__)
 
 # Record headers as the client takes them (a list is invariant: the element type must be the client's own).
 Headers = list[tuple[str, str | bytes | None]]
-
-
-def default_producer_id(role: str) -> str:
-    return f"{role}-{socket.gethostname()}-{os.getpid()}"
 
 
 # Extra config of every client this process makes; see quiet_clients().

@@ -88,9 +88,6 @@ class SchemaStore:
     def writer(self, fp: bytes) -> Any | None:
         return self._by_fp.get(fp)
 
-    def canonical_json(self, name: str) -> str:
-        return to_parsing_canonical_form(self.readers[name])
-
 
 class SchemaRegistryClient:
     """The two calls of the Confluent Schema Registry REST API the codec needs, cached.

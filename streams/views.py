@@ -169,14 +169,6 @@ class RolloutsView(TopicFollower):
         with self.changed:
             self._waiters.pop(event_id, None)
 
-    def provisional(self, snaps: list[RolloutSnapshot]) -> None:
-        """Snapshots a writer computed for its own new rollouts, shown until the processor's own arrive (those
-        replace them: same version or newer)."""
-        with self.changed:
-            for snap in snaps:
-                if (self._watched is None or snap.rollout_id in self._watched) and snap.rollout_id not in self.snapshots:
-                    self.snapshots[snap.rollout_id] = snap
-
     def on_record(self, snap: RolloutSnapshot) -> None:
         if self._watched is None or snap.rollout_id in self._watched:
             current = self.snapshots.get(snap.rollout_id)

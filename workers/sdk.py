@@ -35,7 +35,6 @@ from .attributes import (
 )
 from .semconv import ANNOTATION_SPAN, reward_attributes
 
-REWARD_SPAN = ANNOTATION_SPAN
 # How long ``finish`` waits for the attempt's own spans to be delivered in the producer's normal batches before it
 # forces them out with a flush. A flush sends every queued record of the process at once, in small batches, and
 # does not make a busy broker answer sooner: with 0.5 s here, a loaded broker's slower acks turned most attempts'
@@ -211,10 +210,6 @@ class AttemptContext:
         self.producer.send(self.producer.topics.rollout_events, AttemptStatusChanged(
             meta=self.producer.factory.meta(self.rollout_id), attempt_id=self.attempt_id, status=status,  # type: ignore[arg-type]
             time=time.time(), worker_id=self.worker_id, error=error))
-
-
-def current_span() -> SpanHandle | None:
-    return _current_span.get()
 
 
 _current_attempt: contextvars.ContextVar[AttemptContext | None] = contextvars.ContextVar("litstream_attempt",
