@@ -78,6 +78,11 @@ class SpanBeats:
                     del self._beats[key]
         return out
 
+    def pending(self) -> bool:
+        """Whether any attempt has spans its last beat did not cover."""
+        with self._lock:
+            return any(beat.pending for beat in self._beats.values())
+
     def due_for(self, rollout_id: str, attempt_id: str, urgent: bool = False) -> Beat | None:
         """:meth:`due` for one attempt only (a writer that beats right after its own spans)."""
         now = self._clock()

@@ -4,6 +4,7 @@ with the attempt running), and read-your-writes through the span sink's committe
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -26,21 +27,19 @@ from litstream.schemas.models import Span
 
 from .log_writer import LogWriter, StoreError, also
 from .rollout_replica import Folded
-from .span_beats import SpanBeats
+from .span_beats import SPAN_HEARTBEAT_EVERY_S, SpanBeats
 
 _SpanKey = tuple[str, str, str]  # rollout id, attempt id, span id
 MAX_OWN_SPAN_KEYS = 200_000  # spans written here, remembered to recognise their duplicates
 
 
-def span_beat_urgent(snap: RolloutSnapshot | None, attempt_id: str, max_sequence_id: int | None) -> bool:
+def span_beat_urgent(snap: RolloutSnapshot | None, attempt_id: str) -> bool:
     """Whether spans just written need their ``AttemptHeartbeat`` now rather than within the throttle's second
-    (``span_beats``), because it changes something (pure): the attempt is not running yet (the beat starts or
-    revives it), or a span carries a sequence id the log has not reserved (the beat moves the counter past it)."""
-    if snap is None:
-        return True
-    if max_sequence_id is not None and max_sequence_id >= snap.next_sequence_id:
-        return True
-    attempt = next((a for a in snap.attempts if a.attempt_id == attempt_id), None)
+    (``span_beats``), because it changes what readers see (pure): the attempt is not running yet (the beat starts
+    or revives it). A beat that only moves the counter past ids the spans chose themselves waits: it goes out
+    before this store's next reservation of ids for the attempt (:meth:`SpanWriter.before_reserving`), or within
+    the second."""
+    attempt = None if snap is None else next((a for a in snap.attempts if a.attempt_id == attempt_id), None)
     return attempt is None or attempt.status != "running"
 
 
@@ -62,6 +61,7 @@ class SpanWriter:
         self._span_keys: OrderedDict[_SpanKey, None] = OrderedDict()  # own writes, bounded
         self._span_offsets: dict[int, int] = {}  # spans partition -> highest offset this store wrote
         self._span_beats = SpanBeats()
+        self._flush_scheduled = False
 
     def _span_event(self, span: Span) -> SpanRecorded:
         def ns(t: float | None) -> int | None:
@@ -146,7 +146,7 @@ class SpanWriter:
         beats: dict[tuple[str, str], int | None] = {}
         for (rid, aid), seq in top.items():
             self._span_beats.spans(rid, aid, seq)
-            urgent = span_beat_urgent(self.rollouts.snapshots.get(rid), aid, seq)
+            urgent = span_beat_urgent(self.rollouts.snapshots.get(rid), aid)
             if (due := self._span_beats.due_for(rid, aid, urgent)) is not None:
                 beats[(rid, aid)] = due.max_sequence_id
         acked, report = self.log.acks(len(batch) + len(beats))
@@ -167,6 +167,8 @@ class SpanWriter:
                 shown.append((beat, fut))
             self.events.send(self.events.topics.rollout_events, beat,
                              on_delivery=also(report, self.log.lifecycle_report(beat, fut)))
+        if len(beats) < len(top):
+            self._flush_held_later()
         await self.log.acknowledged(acked, "the spans")
         for beat, fut in shown:  # read-your-writes of the attempt a span started or revived
             await self.log.outcome(fut, beat)
@@ -174,6 +176,36 @@ class SpanWriter:
             self._span_keys[key] = None
         while len(self._span_keys) > MAX_OWN_SPAN_KEYS:
             self._span_keys.popitem(last=False)
+
+    def before_reserving(self, attempts: Sequence[tuple[str, str]]) -> None:
+        """Send the beats held back for these attempts before ids are reserved for them: produced first to the
+        same partition, they are folded first, so the reservation starts past every id their spans used."""
+        for rid, aid in attempts:
+            if (due := self._span_beats.due_for(rid, aid, urgent=True)) is not None:
+                self._send_beat(rid, aid, due.max_sequence_id)
+
+    def _flush_held_later(self) -> None:
+        """A held-back beat goes out within the throttle's second even when no span follows it."""
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_later(SPAN_HEARTBEAT_EVERY_S, self._flush_held)
+
+    def _flush_held(self) -> None:
+        self._flush_scheduled = False
+        for due in self._span_beats.due():
+            self._send_beat(due.rollout_id, due.attempt_id, due.max_sequence_id)
+        if self._span_beats.pending():
+            self._flush_held_later()
+
+    def flush_beats(self) -> None:
+        """Send every beat still held back (the store is closing; its producer is flushed next)."""
+        for due in self._span_beats.due(force=True):
+            self._send_beat(due.rollout_id, due.attempt_id, due.max_sequence_id)
+
+    def _send_beat(self, rid: str, aid: str, max_sequence_id: int | None) -> None:
+        beat = AttemptHeartbeat(meta=self.events.factory.meta(rid), attempt_id=aid, time=time.time(),
+                                max_sequence_id=max_sequence_id)
+        self.events.send(self.events.topics.rollout_events, beat, on_delivery=self.log.lifecycle_report(beat, None))
 
     def wait_for_sink(self, timeout: float = 30.0) -> None:
         """Read-your-writes for spans: wait until the sink has committed past what this store produced."""

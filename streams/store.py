@@ -144,6 +144,7 @@ class LitStore:
         return {"thread_safe": True, "async_safe": True, "zero_copy": True, "otlp_traces": False}
 
     async def close(self) -> None:
+        self.spans.flush_beats()
         for view in (self.resources, self.workers):
             view.close()
         await self.offers.close()
@@ -363,6 +364,7 @@ class LitStore:
                 runs[-1] = (rid, runs[-1][1], runs[-1][2] + 1)
             else:
                 runs.append((rid, aid, 1))
+        self.spans.before_reserving([(rid, aid) for rid, aid, _ in runs])
         events = [SequenceRequested(meta=self.events.factory.meta(rid), attempt_id=aid, count=n) for rid, aid, n in runs]
         futures = self.log.send_lifecycle(events)
         ids: list[int] = []

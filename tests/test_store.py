@@ -194,3 +194,27 @@ def test_a_store_that_stops_dequeuing_leaves_its_offers_to_the_others(pipeline: 
             await runner.close()
 
     run(scenario())
+
+
+def test_ids_spans_chose_themselves_are_never_handed_out_again(pipeline: Settings) -> None:
+    """Spans may carry sequence ids their writer chose; the heartbeat that moves the rollout's counter past them is
+    held back (one per attempt a second), yet it reaches the log before this store's next reservation, and within
+    about a second when none follows."""
+    async def scenario() -> None:
+        store = LitStore(pipeline)
+        try:
+            await store.wait_until_ready()
+            ro = await store.start_rollout({"q": 1})
+            aid = ro.attempt.attempt_id
+            await store.add_span(make_span(ro.rollout_id, aid, 40))  # starts the attempt: its beat is waited for
+            await store.add_many_spans([make_span(ro.rollout_id, aid, s) for s in (41, 42)])  # beat held back
+            assert await store.get_next_span_sequence_id(ro.rollout_id, aid) == 43
+            await store.add_span(make_span(ro.rollout_id, aid, 60))
+            deadline = time.monotonic() + 10
+            while store.rollouts.known(ro.rollout_id).next_sequence_id <= 60 and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert store.rollouts.known(ro.rollout_id).next_sequence_id == 61
+        finally:
+            await store.close()
+
+    run(scenario())
