@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
-from litstream.schemas.events import Event, RolloutEnqueued
+from litstream.schemas.events import Event, RolloutEnqueued, SequenceRequested
 
 from .rollout_replica import Folded, RolloutReplica
 from .views import TopicFollower
@@ -195,3 +195,15 @@ class LogWriter:
             raise StoreError(f"no answer within {self.wait_s:.0f}s for {type(late).__name__} of {late.rollout_id}: "
                              "the log was not read back to it; is the broker up? (litstream status)") from None
         return [fut.result() for fut in futures]  # a write the broker refused raises its StoreError here
+
+    async def reserve(self, runs: Sequence[tuple[str, str, int]]) -> list[int]:
+        """The first of ``count`` span sequence ids for each (rollout id, attempt id, count), reserved through the
+        rollout's partition, so they are strictly increasing per rollout in the order they are handed out,
+        whichever process asks (the store's ``get_next_span_sequence_id``, the policy endpoint's calls)."""
+        events = [SequenceRequested(meta=self.events.factory.meta(rid), attempt_id=aid, count=n) for rid, aid, n in runs]
+        firsts = []
+        for done in await self.outcomes(self.send_lifecycle(events), events):
+            if not done.accepted or done.snapshot is None or done.snapshot.last_reserved is None:
+                raise ValueError(done.reason or "rejected")
+            firsts.append(done.snapshot.last_reserved)
+        return firsts

@@ -29,7 +29,6 @@ from litstream.schemas.events import (
     RolloutEnqueued,
     RolloutSnapshot,
     RolloutUpdated,
-    SequenceRequested,
     SpanRecorded,
     WorkerObserved,
 )
@@ -365,13 +364,9 @@ class LitStore:
             else:
                 runs.append((rid, aid, 1))
         self.spans.before_reserving([(rid, aid) for rid, aid, _ in runs])
-        events = [SequenceRequested(meta=self.events.factory.meta(rid), attempt_id=aid, count=n) for rid, aid, n in runs]
-        futures = self.log.send_lifecycle(events)
         ids: list[int] = []
-        for done, e in zip(await self.log.outcomes(futures, events), events):
-            snap = self._accepted(done)
-            assert snap.last_reserved is not None
-            ids.extend(range(snap.last_reserved, snap.last_reserved + e.count))
+        for first, (_, _, n) in zip(await self.log.reserve(runs), runs):
+            ids.extend(range(first, first + n))
         return ids
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None, *, trace_id: str | None = None,

@@ -2,7 +2,8 @@
 
 A call under ``/rollout/{rid}/attempt/{aid}/v1/...`` is checked against the rollout's latest snapshot (an
 unknown attempt is refused with 404, an ended one with 409), gets its span sequence id reserved through the
-rollout's partition (``SequenceRequested``, as the Store API's ``get_next_span_sequence_id``), and keeps the
+rollout's partition (``LogWriter.reserve``, the Store API's ``get_next_span_sequence_id`` too: one trip, answered by
+this process's replica of the fold), and keeps the
 attempt alive with an ``AttemptHeartbeat`` (at most one a second per attempt, as the SDK), since spans alone do
 not reach the lifecycle processor. A call on plain ``/v1/...`` belongs to no rollout: its span is recorded under
 the reserved rollout and attempt id ``UNATTRIBUTED`` (queryable in ClickHouse like any span), which the triplet
@@ -24,20 +25,19 @@ from litstream.schemas.events import (
     AttemptHeartbeat,
     AttrValue,
     ResourceRecord,
-    SequenceRequested,
     SpanRecorded,
 )
 from litstream.schemas.models import FINISHED
 from litstream.schemas.policy_versions import UNATTRIBUTED
+from litstream.streams.log_writer import LogWriter, StoreError
 from litstream.streams.span_beats import SpanBeats
-from litstream.streams.views import RolloutsView
 
 from ..attributes import check_span_attributes
 from .openai_api import ApiError
 
 log = logging.getLogger("litstream.policy_server")
 ATTEMPT_LOOKUP_S = 5.0  # how long a call waits for the snapshot naming its attempt (the view may lag a claim)
-RESERVE_WAIT_S = 10.0
+RESERVE_WAIT_S = 10.0  # how long a reservation waits for the broker (the policy server's LogWriter's bound)
 ENDED = frozenset({"succeeded", "failed", "timeout", "unresponsive"})
 
 
@@ -65,9 +65,12 @@ class SpanDraft:
 
 
 class SpanRecorder:
-    def __init__(self, producer: EventProducer, rollouts: RolloutsView | None, service_name: str) -> None:
+    def __init__(self, producer: EventProducer, log_writer: LogWriter | None, service_name: str) -> None:
+        """``log_writer``: the rollouts' replica and the reservation of sequence ids (None: a server that follows
+        no rollouts, started without a broker)."""
         self.producer = producer
-        self.rollouts = rollouts
+        self.log = log_writer
+        self.rollouts = log_writer.rollouts if log_writer is not None else None
         self.service_name = service_name
         self._lock = threading.Lock()
         self._local_seq = 0
@@ -106,24 +109,16 @@ class SpanRecorder:
             with self._lock:
                 self._local_seq = max(self._local_seq + count, time.time_ns() // 1000)
                 return self._local_seq - count + 1
-        assert self.rollouts is not None
-        event = SequenceRequested(meta=self.producer.factory.meta(scope.rollout_id), attempt_id=scope.attempt_id,
-                                  count=count)
-        answer = self.rollouts.expect(event.meta.event_id)
-        self.producer.send(self.producer.topics.rollout_events, event)
-        await asyncio.to_thread(self.producer.poll, 0)
+        assert self.log is not None and self.rollouts is not None
         try:
-            snap = await asyncio.wait_for(asyncio.wrap_future(answer), RESERVE_WAIT_S)
-        except TimeoutError:
-            snap = None
-        finally:
-            self.rollouts.forget(event.meta.event_id)
-        if snap is not None and snap.last_accepted and snap.last_reserved is not None:
-            return int(snap.last_reserved)
-        # No answer (the lifecycle processor is down or behind): choose ids past the latest snapshot's counter and
-        # report them in the heartbeat, as the SDK does, so the counter still moves past them.
-        self.stats["reserve_fallbacks"] += 1
-        log.warning("no sequence id reserved for %s in %.0fs; choosing one", scope.rollout_id, RESERVE_WAIT_S)
+            (first,) = await self.log.reserve([(scope.rollout_id, scope.attempt_id, count)])
+            return first
+        except (StoreError, ValueError) as exc:
+            # Not reserved (the broker did not take the request in time, or the fold refused it): choose ids past
+            # the latest snapshot's counter and report them in the heartbeat, as the SDK does, so the counter
+            # still moves past them.
+            self.stats["reserve_fallbacks"] += 1
+            log.warning("no sequence id reserved for %s (%s); choosing one", scope.rollout_id, exc)
         latest = self.rollouts.snapshots.get(scope.rollout_id)
         with self._lock:
             first = max(self._fallback_next.get(scope.rollout_id, 1), latest.next_sequence_id if latest else 1)
@@ -160,9 +155,11 @@ class SpanRecorder:
         beat = self._beats.due_for(scope.rollout_id, scope.attempt_id)
         if beat is not None:
             self.stats["heartbeats"] += 1
-            self.producer.send(self.producer.topics.rollout_events, AttemptHeartbeat(
-                meta=self.producer.factory.meta(scope.rollout_id), attempt_id=scope.attempt_id, time=time.time(),
-                max_sequence_id=beat.max_sequence_id))
+            event = AttemptHeartbeat(meta=self.producer.factory.meta(scope.rollout_id), attempt_id=scope.attempt_id,
+                                     time=time.time(), max_sequence_id=beat.max_sequence_id)
+            # Through the log writer's delivery report: the replica folds its own writes as they are acknowledged.
+            report = self.log.lifecycle_report(event, None) if self.log is not None else None
+            self.producer.send(self.producer.topics.rollout_events, event, on_delivery=report)
 
 
 def _within_limits(attributes: dict[str, AttrValue]) -> dict[str, AttrValue]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import socket
 from collections.abc import Mapping
@@ -12,14 +11,13 @@ from typing import Any
 from aiohttp import web
 
 from litstream.infra import health
-from litstream.infra.producer import EventProducer
 from litstream.infra.service import AsyncProcess, Service
 from litstream.infra.settings import Settings
-from litstream.streams.views import RolloutsView
+from litstream.streams.log_writer import LogWriter
 
 from .app import DEFAULT_MAX_TOKENS, PolicyServer, build_app
 from .backends import Backend
-from .recorder import SpanRecorder
+from .recorder import RESERVE_WAIT_S, SpanRecorder
 from .versions import VersionFollower
 
 log = logging.getLogger("litstream.policy_server")
@@ -47,16 +45,16 @@ class RunningServer:
     def __init__(self, settings: Settings, backend: Backend, options: ServerOptions) -> None:
         self.settings = settings
         self.options = options
-        self.producer = EventProducer(settings, role=ROLE)
-        self.rollouts = RolloutsView(settings, self.producer.codec)
-        self.recorder = SpanRecorder(self.producer, self.rollouts, service_name=ROLE)
+        # One producer for spans, heartbeats and reservations; the log writer's replica answers reservations after
+        # one trip and tells which attempts are running.
+        self.log = LogWriter(settings, wait_s=RESERVE_WAIT_S)
+        self.producer, self.rollouts = self.log.events, self.log.rollouts
+        self.recorder = SpanRecorder(self.producer, self.log, service_name=ROLE)
         token = settings.policy_server_token.get_secret_value() if settings.policy_server_token else None
         self.server = PolicyServer(backend, self.recorder, default_max_tokens=options.default_max_tokens,
                                    api_key=token)
         self.follower: VersionFollower | None = None
         self._runner: web.AppRunner | None = None
-        self._poller: asyncio.Task[None] | None = None
-        self._stopping = False
         self.port = options.port
 
     async def start(self) -> None:
@@ -70,7 +68,6 @@ class RunningServer:
         endpoint = self.options.endpoint(self.port) if self.options.publish else None
         self.follower = VersionFollower(self.settings, self.producer, self.server.backend, public_endpoint=endpoint,
                                         api_key=self.server.api_key)
-        self._poller = asyncio.create_task(self._serve_reports(), name="policy-server-reports")
 
     @property
     def base_url(self) -> str:
@@ -80,22 +77,12 @@ class RunningServer:
         return {"url": self.base_url, "version": self.server.backend.version, **self.server.stats,
                 **self.recorder.stats}
 
-    async def _serve_reports(self) -> None:
-        """Delivery reports of the spans and heartbeats, until stop. Not cancelled: a poll left running in its
-        thread would race the producer's close."""
-        while not self._stopping:
-            await asyncio.to_thread(self.producer.poll, 0.2)
-
     async def stop(self) -> None:
-        self._stopping = True
-        if self._poller is not None:
-            await self._poller
         if self._runner is not None:
             await self._runner.cleanup()
         if self.follower is not None:
             self.follower.close()
-        await asyncio.to_thread(self.producer.close)  # delivers what is queued; its connections go now
-        self.rollouts.close()
+        await self.log.close()  # delivers what is queued; its connections go now
         self.server.backend.close()
 
 
