@@ -5,7 +5,7 @@ them and publishes each new version, and the next rollouts use it. Every part is
 Kafka: the broker, the lifecycle processor, the span sink (ClickHouse), the triplet processor, the trainer and N
 runners. This process only enqueues tasks (``group_size`` rollouts per task: a GRPO group), keeps a bounded
 number in flight, shows progress, and reads the outcome back with SQL. It runs as ``litstream demo``, through
-:class:`~litstream.app.trainer.Trainer`; the quick slice without training (``litstream demo --slice``) is
+:class:`~litstream.app.fit.Trainer`; the quick slice without training (``litstream demo --slice``) is
 ``demo.py``.
 """
 
@@ -30,7 +30,7 @@ from litstream.trainer import toy_task
 from litstream.trainer.algorithm import GRPO, History
 
 from .demo import spans_emitted_and_stored
-from .trainer import Trainer, outcome_lines
+from .fit import Trainer, outcome_lines
 
 AGENT = "litstream.workers.policy_agent:toy_policy_agent"
 
@@ -93,7 +93,7 @@ class LoopDemoResult:
 
 
 def run_closed_loop(settings: Settings, cfg: LoopDemoConfig, quiet: bool = False) -> LoopDemoResult:
-    """The demo as one use of :class:`~litstream.app.trainer.Trainer`: GRPO over a dataset of toy tasks, the
+    """The demo as one use of :class:`~litstream.app.fit.Trainer`: GRPO over a dataset of toy tasks, the
     agent running the trained policy in-process (no policy server), stopped after ``steps`` versions or
     ``minutes``; the outcome is read back from the spans (ClickHouse) and the triplets topic."""
     t0 = time.monotonic()

@@ -2,7 +2,7 @@
 and the order they start in.
 
 ``litstream up``, the quick slice (``litstream demo --slice``), ``litstream train`` and the closed-loop demo
-(:class:`~litstream.app.trainer.Trainer`), the store behind the REST APIs (:meth:`Stack.start_store`) and the
+(:class:`~litstream.app.fit.Trainer`), the store behind the REST APIs (:meth:`Stack.start_store`) and the
 tests' fixtures compose their stacks from these declarations, in one order (:data:`ORDER`); the supervisor
 (``stack.py``) starts roles in that order and stops them in reverse. The pipeline comes first (the lifecycle
 processor, then the span sink), then what learns from it (the triplet processor, the trainer), what serves it

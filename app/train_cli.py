@@ -125,7 +125,7 @@ def train(agent: str | None, train_path: Path, val_path: Path | None, algorithm:
     Ctrl-C stops cleanly at any point: every process the run started is stopped, the summary is printed, and
     checkpoints and the event log keep what was done.
     """
-    from .trainer import Trainer, load_dataset, outcome_lines
+    from .fit import Trainer, load_dataset, outcome_lines
 
     err = Console(stderr=True)
     if agent is None and not (with_gateway and runners == 0):

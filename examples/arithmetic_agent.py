@@ -198,7 +198,7 @@ def run_training(args: argparse.Namespace) -> dict[str, Any]:
 
     Windows close on count only (8 groups, no time limit): with SmolLM2 on a CPU a time-closed window held one or
     two groups, and each such step moved the policy on a handful of samples."""
-    from litstream.app.trainer import Trainer
+    from litstream.app.fit import Trainer
     from litstream.infra.settings import Settings
     from litstream.trainer.algorithm import GRPO
 

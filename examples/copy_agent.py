@@ -51,7 +51,7 @@ def make_dataset(n: int, seed: int) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    from litstream.app.trainer import Trainer
+    from litstream.app.fit import Trainer
     from litstream.trainer.algorithm import GRPO
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -111,7 +111,7 @@ def test_plot_draws_a_train_summary(tmp_path: Path) -> None:
 def test_smollm2_trains_on_word_problems_through_the_policy_endpoint(tmp_path: Path) -> None:
     """A shortened run: the openai-client agent against SmolLM2 through the policy server, one GRPO version,
     validated before and after."""
-    from litstream.app.trainer import Trainer
+    from litstream.app.fit import Trainer
     from litstream.infra.settings import Settings
     from litstream.trainer.algorithm import GRPO
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
+from litstream.app.fit import StackDriver, Trainer, agent_path, load_dataset
 from litstream.app.stack import Stack
-from litstream.app.trainer import StackDriver, Trainer, agent_path, load_dataset
 from litstream.infra.broker import KafkaBroker
 from litstream.infra.kafka import create_topics
 from litstream.infra.settings import Settings

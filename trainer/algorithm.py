@@ -1,6 +1,6 @@
 """Training algorithms, as the reference's ``Algorithm``: they drive rollouts and publish resources.
 
-An algorithm sees the running system only through a :class:`Driver` (implemented by ``litstream.app.trainer``
+An algorithm sees the running system only through a :class:`Driver` (implemented by ``litstream.app.fit``
 over Kafka: rollouts go through the rollout events and the lifecycle processor, rewards come back on the spans
 topic, resources go to the resources topic). Nothing here knows about processes, the shell or the runners, so an
 algorithm is pure of the stack and a user can write one (see ``docs/training.md``).
