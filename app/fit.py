@@ -100,7 +100,6 @@ class StackDriver:
         self.stop_event = threading.Event()
         self.serving_through_proxy = False  # True once a policy server publishes itself
         self.gateway_url: str | None = None  # where Agent Lightning's own runners reach this stack
-        self.submitted = 0
         self._last_show = 0.0
 
     def close(self) -> None:
@@ -121,7 +120,6 @@ class StackDriver:
             self.pending[ev.rollout_id] = _Pending(mode, resources_id, meta.get("data_id"))
             ids.append(ev.rollout_id)
         self.events.flush()
-        self.submitted += len(ids)
         return ids
 
     def outstanding(self) -> int:

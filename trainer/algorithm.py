@@ -250,7 +250,6 @@ class GRPO(Algorithm):
     def __post_init__(self) -> None:
         super().__init__()
         d = defaults_for(self.model)
-        self.defaults = d
         for name, value in (("group_size", d.group_size), ("groups_per_step", d.groups_per_step), ("lr", d.lr),
                             ("ppo_epochs", d.epochs), ("entropy_coef", d.entropy_coef),
                             ("temperature", d.temperature), ("max_tokens", d.max_tokens),
