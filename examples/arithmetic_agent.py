@@ -12,8 +12,12 @@ reward is 1.0 when the last number in the answer equals it, else 0.0 (``reward``
     python -m examples.arithmetic_agent measure --samples 4 --temperature 0.5
     litstream train --agent examples.arithmetic_agent:arithmetic_agent --model smollm2 --temperature 0.5 \\
                     --train examples/data/arithmetic_train.jsonl --val examples/data/arithmetic_val.jsonl
+    python -m examples.arithmetic_agent train --minutes 23 --out run.json   # the measured settings, Trainer.fit
+    python -m examples.arithmetic_agent plot run.json --out curve.png
+    python -m examples.arithmetic_agent measure --checkpoint <checkpoints>/vN --samples 2 --temperature 0.5
 
-Untrained, level 1 scores 0.063 +- 0.016 at temperature 1 and 0.125 +- 0.032 at 0.5 (docs/training.md).
+Untrained, level 1 scores 0.063 +- 0.016 at temperature 1 and 0.125 +- 0.032 at 0.5; trained with GRPO at 0.5,
+0.832 +- 0.032 on the 64 held-out tasks after 15 versions (docs/training.md).
 
 ``measure`` scores the untrained SmolLM2-135M-Instruct on a task file through the policy server's generation
 path (its chat template, its batched torch engine) without the rest of the stack, and reports the mean reward
@@ -277,13 +281,17 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--max-versions", type=int, default=None)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--data-dir", type=Path, default=None)
+    t.add_argument("--out", type=Path, default=None, help="also write the summary (JSON) here, for `plot`")
     pl = sub.add_parser("plot", help="draw a train summary's reward curve")
     pl.add_argument("summary", type=Path, help="the JSON `train` printed")
     pl.add_argument("--out", type=Path, required=True)
     pl.add_argument("--title", default="GRPO on SmolLM2-135M-Instruct, word problems, 2 CPU cores")
     args = parser.parse_args(argv)
     if args.command == "train":
-        print(json.dumps(run_training(args)))
+        summary = json.dumps(run_training(args))
+        if args.out:
+            args.out.write_text(summary + "\n")
+        print(summary)
         return
     if args.command == "plot":
         plot(json.loads(args.summary.read_text()), args.out, args.title)
