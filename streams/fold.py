@@ -36,6 +36,9 @@ from litstream.schemas.trusted import assemble
 from .state import AttemptState, RolloutState
 
 M = TypeVar("M", RolloutState, AttemptState)
+# The events the fold applies: what belongs on rollout-events (``log_records`` checks records against it).
+LIFECYCLE_EVENTS = (RolloutEnqueued, RolloutStatusChanged, AttemptStarted, AttemptHeartbeat, AttemptStatusChanged,
+                    RolloutUpdated, AttemptUpdated, SequenceRequested)
 
 ATTEMPT_TERMINAL = frozenset({"failed", "succeeded"})
 ATTEMPT_UNHEALTHY = frozenset({"failed", "timeout", "unresponsive"})

@@ -7,20 +7,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from litstream.schemas.codec import Codec, DecodeError
-from litstream.schemas.events import (
-    AttemptHeartbeat,
-    AttemptStarted,
-    AttemptStatusChanged,
-    AttemptUpdated,
-    Event,
-    RolloutEnqueued,
-    RolloutStatusChanged,
-    RolloutUpdated,
-    SequenceRequested,
-)
+from litstream.schemas.events import Event
 
-LIFECYCLE_EVENTS = (RolloutEnqueued, RolloutStatusChanged, AttemptStarted, AttemptHeartbeat, AttemptStatusChanged,
-                    RolloutUpdated, AttemptUpdated, SequenceRequested)
+from .fold import LIFECYCLE_EVENTS
 
 
 class Unfoldable(NamedTuple):

@@ -55,7 +55,6 @@ class RolloutReplica(TopicFollower):
         self.states: dict[str, RolloutState] = {}
         self.snapshots: dict[str, RolloutSnapshot] = {}
         self._folded: dict[int, int] = {}  # partition -> the last offset folded
-        self._waiters: dict[str, Future[Folded]] = {}  # event id -> its answer
         # An answer goes out once the event is both folded and acknowledged (the writer's delivery report may come
         # after the follower has folded the record): whichever comes first waits here for the other.
         self._folded_first: dict[str, Folded] = {}
@@ -76,14 +75,11 @@ class RolloutReplica(TopicFollower):
 
     def expect(self, event_id: str) -> Future[Folded]:
         """Register before producing the event: the future gets what it did."""
-        fut: Future[Folded] = Future()
-        with self.changed:
-            self._waiters[event_id] = fut
-        return fut
+        return super().expect(event_id)
 
     def forget(self, event_id: str) -> None:
         with self.changed:
-            self._waiters.pop(event_id, None)
+            super().forget(event_id)  # the same lock, taken again (a condition's lock is reentrant)
             self._folded_first.pop(event_id, None)
             self._acked_first.discard(event_id)
 

@@ -48,9 +48,22 @@ class TopicFollower:
         self._batches = 0
         self.changed = threading.Condition()
         self._watchers: list[tuple[Callable[[], Any], Future[Any]]] = []  # checked after every batch
+        self._waiters: dict[str, Future[Any]] = {}  # event id -> the answer a writer here awaits (``expect``)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"follow-{topic}", daemon=True)
         self._thread.start()
+
+    def expect(self, event_id: str) -> Future[Any]:
+        """Register before producing the event: the future gets this view's answer to it."""
+        fut: Future[Any] = Future()
+        with self.changed:
+            self._waiters[event_id] = fut
+        return fut
+
+    def forget(self, event_id: str) -> None:
+        """The writer gave up on (or failed to write) the event."""
+        with self.changed:
+            self._waiters.pop(event_id, None)
 
     def on_record(self, record: Any) -> None:
         raise TypeError(f"{type(self).__name__} must handle its records")
@@ -138,7 +151,6 @@ class RolloutsView(TopicFollower):
 
     def __init__(self, settings: Settings, codec: Codec, watched_only: bool = False) -> None:
         self.snapshots: dict[str, RolloutSnapshot] = {}
-        self._waiters: dict[str, Future[RolloutSnapshot]] = {}
         self._watched: dict[str, int] | None = {} if watched_only else None  # rollout id -> watchers
         super().__init__(settings, f"{settings.topic_prefix}.rollout-state", codec)
 
@@ -160,14 +172,7 @@ class RolloutsView(TopicFollower):
 
     def expect(self, event_id: str) -> Future[RolloutSnapshot]:
         """Register before producing the event: the future gets the snapshot that follows it."""
-        fut: Future[RolloutSnapshot] = Future()
-        with self.changed:
-            self._waiters[event_id] = fut
-        return fut
-
-    def forget(self, event_id: str) -> None:
-        with self.changed:
-            self._waiters.pop(event_id, None)
+        return super().expect(event_id)
 
     def on_record(self, snap: RolloutSnapshot) -> None:
         if self._watched is None or snap.rollout_id in self._watched:
