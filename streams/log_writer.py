@@ -10,10 +10,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, TypeVar
 
+from litstream.infra import metrics
 from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
 from litstream.schemas.events import Event, RolloutEnqueued, SequenceRequested
 
+from .deadletter import DeadLetter
 from .rollout_replica import Folded, RolloutReplica
 from .views import TopicFollower
 
@@ -62,13 +64,16 @@ def _serve_deliveries(events: weakref.ref[EventProducer], closing: threading.Eve
 
 class LogWriter:
     """``wait_s`` bounds every wait for the broker or the replica. ``on_enqueued(event, partition)`` is told of
-    every new rollout the broker acknowledged (from the delivery thread)."""
+    every new rollout the broker acknowledged (from the delivery thread). ``role`` names the writer in event
+    metadata and metrics; ``keep_finished`` bounds the replica (``RolloutReplica``)."""
 
-    def __init__(self, settings: Settings, wait_s: float) -> None:
+    def __init__(self, settings: Settings, wait_s: float, role: str = "store",
+                 keep_finished: int | None = None) -> None:
         self.wait_s = wait_s
-        self.events = EventProducer(settings, "store", None, **{"linger.ms": STORE_LINGER_MS})
+        self.role = role
+        self.events = EventProducer(settings, role, None, **{"linger.ms": STORE_LINGER_MS})
         self.codec = self.events.codec
-        self.rollouts = RolloutReplica(settings, self.codec)
+        self.rollouts = RolloutReplica(settings, self.codec, keep_finished)
         self.on_enqueued: Callable[[RolloutEnqueued, int], None] = lambda _event, _partition: None
         # Delivery reports are served by a thread of their own, so a call waits for its acknowledgement (or its
         # failure) as an asyncio future, not by flushing the producer from a thread of the pool.
@@ -83,6 +88,11 @@ class LogWriter:
         self._deliveries.join(timeout=5)
         self.rollouts.close()
         await asyncio.to_thread(self.events.close)  # let go of the producer: none left retrying a gone broker
+
+    def dead_letter(self, letter: DeadLetter) -> None:
+        """A record that cannot be used, to its topic's dead letters (sent with the next batch)."""
+        self.events.produce_raw(letter.topic, letter.key, letter.value, headers=letter.headers())
+        metrics.record_dead_letter(self.role, letter.source_topic, letter.error_type)
 
     async def write(self, event: Event) -> Folded:
         """Produce a lifecycle event and return what it did (accepted or not), folded in log order."""

@@ -1,6 +1,7 @@
-"""The store's side of the offers: a member of the runners' consumer group on ``rollout-offers`` that hands
-offers out oldest first, keeps which of them are handled, commits only those, and leaves the group when no
-dequeue comes. The claims themselves are the store's (``store.LitStore.dequeue_many_rollouts``)."""
+"""The offers side of a claimant: a member of the runners' consumer group on ``rollout-offers`` that hands
+offers out oldest first, keeps which of them are handled and commits only those. A store's member leaves the
+group when no dequeue comes; a runner's stays while its slots are busy, its partitions paused. The claims are
+``claims.Claims``'s."""
 
 from __future__ import annotations
 
@@ -10,20 +11,21 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
 from confluent_kafka import TopicPartition
 
-from litstream.infra.kafka import PartitionEnds, consumer
+from litstream.infra.kafka import Backpressure, PartitionEnds, consumer
 from litstream.infra.settings import Settings
 from litstream.infra.topics import Topics
 from litstream.schemas.codec import Codec, DecodeError
 from litstream.schemas.events import RolloutEnqueued, RolloutOffered, RolloutSnapshot
 
 from . import fold
+from .deadletter import DeadLetter
 from .rollout_replica import RolloutReplica
 
 log = logging.getLogger("litstream.offers")
@@ -33,6 +35,7 @@ OFFER_READ_AHEAD = 4096
 OFFER_WAIT_S = 2.0
 OFFER_ORDER_WAIT_S = 0.5
 OFFER_IDLE_S = 10.0  # a store that served no dequeue for this long leaves the runners' group
+OFFER_HOLD_POLL_S = 0.1  # how long one poll of a member with every partition paused waits
 
 Taken = tuple[RolloutOffered, tuple[int, int]]  # an offer and its (partition, offset)
 
@@ -123,12 +126,18 @@ class OfferReader:
     stale offers. Safe for the tasks of one event loop; the consumer lives on a thread of its own (a consumer is
     not for several threads at once), so a dequeue never waits for a thread of a shared pool."""
 
-    def __init__(self, settings: Settings, codec: Codec, rollouts: RolloutReplica) -> None:
+    def __init__(self, settings: Settings, codec: Codec, rollouts: RolloutReplica, *,
+                 read_ahead: int = OFFER_READ_AHEAD, leave_when_idle: bool = True,
+                 on_undecodable: Callable[[DeadLetter], None] = lambda _letter: None) -> None:
         self._settings = settings
         self.codec = codec
         self.rollouts = rollouts
         self.topic = Topics(settings.topic_prefix).offers
+        self.read_ahead = read_ahead
+        self.leave_when_idle = leave_when_idle  # a runner's member stays: the group is how runners share offers
+        self.on_undecodable = on_undecodable
         self._consumer: Any = None
+        self._gate: Backpressure | None = None  # pauses the assignment while the claimant is busy (``hold``)
         self._ends = PartitionEnds()  # offer partitions read to their end: the queue is empty there
         self._ledger = OfferLedger()
         self._queue = OfferQueue()  # read ahead, handed out in enqueue order
@@ -165,8 +174,32 @@ class OfferReader:
             return await asyncio.get_running_loop().run_in_executor(self._thread, self._next, limit)
 
     def handled(self, offers: Iterable[Taken]) -> None:
-        """Their claims' outcomes are known (or given up on), whoever won: commit what that allows."""
+        """Their claims' outcomes are known, whoever won: commit what that allows."""
         self._commit(self._ledger.handled(where for _, where in offers))
+
+    def retry(self, offers: Iterable[Taken]) -> None:
+        """Offers whose claims are not known to be durable: back in the queue, claimed again by a later take
+        (an offer whose first claim did land is stale by then, and handled without a claim)."""
+        again = list(offers)
+
+        def put_back() -> None:
+            for offer, where in again:
+                self._queue.push(offer_queue_time(offer, self.rollouts.snapshots.get(offer.rollout_id)), offer, where)
+
+        self._thread.submit(put_back)
+
+    async def hold(self) -> None:
+        """While the claimant can take nothing (every slot busy): stay in the group, fetching nothing. Call it
+        again within ``max.poll.interval.ms``; the next :meth:`take` resumes fetching."""
+        await asyncio.get_running_loop().run_in_executor(self._thread, self._hold)
+
+    def _hold(self) -> None:
+        if self._consumer is None or self._gate is None:
+            return
+        self._gate.hold()
+        msg = self._consumer.poll(OFFER_HOLD_POLL_S)
+        if msg is not None:
+            self._gate.put_back(msg)
 
     async def close(self) -> None:
         if self._consumer is not None:
@@ -198,7 +231,7 @@ class OfferReader:
         its partitions (and stalls the group's rebalances) until the broker evicts it minutes later, so offers
         there would reach no runner. Offers read ahead but not claimed were never committed: the partitions' next
         owners read them again. The next dequeue joins again."""
-        if (self._consumer is None or self._in_use
+        if (not self.leave_when_idle or self._consumer is None or self._in_use
                 or time.monotonic() - self._last_use < OFFER_IDLE_S - 0.01):
             return
         self._thread.submit(self._leave)
@@ -206,7 +239,7 @@ class OfferReader:
     def _leave(self) -> None:
         if self._consumer is None or self._in_use:
             return
-        leaving, self._consumer = self._consumer, None
+        leaving, self._consumer, self._gate = self._consumer, None, None
         try:
             leaving.close()  # commits nothing of its own (auto commit is off) and leaves the group at once
         except Exception as exc:  # noqa: BLE001 - the broker is gone: the group evicts this member in time
@@ -239,10 +272,12 @@ class OfferReader:
         committed) until their claims are answered."""
         if self._consumer is None:
             self._join()
+        assert self._gate is not None
+        self._gate.release()
         start = time.monotonic()
         while True:
-            while len(self._queue) < OFFER_READ_AHEAD:  # what the consumer has fetched already
-                msgs = self._consumer.consume(OFFER_READ_AHEAD - len(self._queue), timeout=0)
+            while len(self._queue) < self.read_ahead:  # what the consumer has fetched already
+                msgs = self._consumer.consume(self.read_ahead - len(self._queue), timeout=0)
                 if not msgs:
                     break
                 self._read(msgs)
@@ -282,7 +317,8 @@ class OfferReader:
         self._consumer = consumer(self._settings, group_id=f"{self._settings.topic_prefix}-runners",
                                 **{"enable.partition.eof": True})
         self._consumer.subscribe([self.topic], on_assign=self._partitions_moved,
-                               on_revoke=self._partitions_moved)
+                                 on_revoke=self._partitions_moved)
+        self._gate = Backpressure(self._consumer)
         # Joining the group takes a few seconds; only the first dequeue waits for it.
         joined_by = time.monotonic() + 15.0
         while not self._consumer.assignment() and time.monotonic() < joined_by:
@@ -297,7 +333,7 @@ class OfferReader:
                 continue
             where = (int(msg.partition() or 0), int(msg.offset() or 0))
             self._heard.add(where[0])
-            offer = self._decode(msg.value())
+            offer = self._decode(msg, where)
             if offer is None:
                 continue
             self._queue.push(offer_queue_time(offer, self.rollouts.snapshots.get(offer.rollout_id)), offer, where)
@@ -311,8 +347,12 @@ class OfferReader:
         self._heard.difference_update(tp.partition for tp in partitions)
         self._all_heard = False
 
-    def _decode(self, value: bytes | None) -> RolloutOffered | None:
+    def _decode(self, msg: Any, where: tuple[int, int]) -> RolloutOffered | None:
+        """The offer, or None for bytes that are not one: those go to the dead letters (and are never taken, so
+        the commit passes over them once a later offer is handled)."""
         try:
-            return self.codec.decode_as(value, RolloutOffered)
-        except DecodeError:
-            return None  # the runners' path dead-letters these; here it is just not an offer
+            return self.codec.decode_as(msg.value(), RolloutOffered)
+        except DecodeError as exc:
+            self.on_undecodable(DeadLetter(self.topic, where[0], where[1], msg.key(), msg.value(), exc.reason,
+                                           "offers", "decode"))
+            return None

@@ -15,11 +15,15 @@ snapshots, the offers and the timers. The replica answers its own writers and se
 
 Either way every event is folded once, in the log's order, so the replica's state is what replay computes, and a
 writer's answer (a claim won or lost, the sequence ids reserved) is the one the processor reaches.
+
+A runner's replica keeps only the newest ``keep_finished`` finished rollouts (succeeded, failed, cancelled):
+it answers claims, and a finished rollout is never on offer again, so memory stays bounded by the work in hand.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, NamedTuple
@@ -27,6 +31,7 @@ from typing import Any, NamedTuple
 from litstream.infra.settings import Settings
 from litstream.schemas.codec import Codec
 from litstream.schemas.events import Event, RolloutSnapshot, SequenceRequested
+from litstream.schemas.models import FINISHED
 
 from . import fold
 from .log_records import Unfoldable, lifecycle_event
@@ -51,8 +56,10 @@ class RolloutReplica(TopicFollower):
     """Every rollout's state and snapshot, folded from ``rollout-events``; answers the events this process
     writes (:meth:`expect`, then :meth:`acknowledged` from the delivery report)."""
 
-    def __init__(self, settings: Settings, codec: Codec) -> None:
+    def __init__(self, settings: Settings, codec: Codec, keep_finished: int | None = None) -> None:
         self.states: dict[str, RolloutState] = {}
+        self.keep_finished = keep_finished
+        self._finished: OrderedDict[str, None] = OrderedDict()  # with ``keep_finished``: oldest first
         self.snapshots: dict[str, RolloutSnapshot] = {}
         self._folded: dict[int, int] = {}  # partition -> the last offset folded
         # An answer goes out once the event is both folded and acknowledged (the writer's delivery report may come
@@ -131,11 +138,22 @@ class RolloutReplica(TopicFollower):
             self.states[rid] = out.state
             snap = out.state.snapshot(event.meta, out.accepted, out.reason, out.reserved)
             self.snapshots[rid] = snap
+            if self.keep_finished is not None and out.state.status in FINISHED:
+                self._forget_finished(rid)
         done = Folded(before, out.state, snap, out.accepted, out.reason)
         if out.accepted:
             for listener in self._on_fold:
                 listener(done)
         self._answer(event, done)
+
+    def _forget_finished(self, rollout_id: str) -> None:
+        """Keep at most ``keep_finished`` finished rollouts: the oldest to finish are dropped."""
+        self._finished[rollout_id] = None
+        self._finished.move_to_end(rollout_id)
+        while len(self._finished) > (self.keep_finished or 0):
+            old, _ = self._finished.popitem(last=False)
+            self.states.pop(old, None)
+            self.snapshots.pop(old, None)
 
     def _answer(self, event: Event, done: Folded) -> None:
         event_id = event.meta.event_id

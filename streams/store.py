@@ -49,6 +49,7 @@ from litstream.schemas.models import (
     new_rollout_id,
 )
 
+from .claims import Claims
 from .log_writer import LogWriter, StoreError
 from .offers import OfferReader
 from .resources import to_records
@@ -133,8 +134,9 @@ class LitStore:
         # Workers are derived from attempts: every change the replica folds is shown here at once (the processor's
         # own observations of the same changes follow on the workers topic and change nothing).
         self.rollouts.on_fold(self._observe_attempts)
-        self.offers = OfferReader(settings, self.codec, self.rollouts)
+        self.offers = OfferReader(settings, self.codec, self.rollouts, on_undecodable=self.log.dead_letter)
         self.log.on_enqueued = self.offers.enqueued_here
+        self.claims = Claims(self.log, self.offers)
         self.spans = SpanWriter(settings, self.log)
         self._started = time.time()
 
@@ -216,38 +218,12 @@ class LitStore:
         return got[0] if got else None
 
     async def dequeue_many_rollouts(self, *, limit: int = 1, worker_id: str | None = None) -> list[AttemptedRollout]:
-        """Non-blocking: claim up to ``limit`` rollouts on offer, oldest first (``offers.OfferReader``); stale
-        offers are skipped.
-
-        Only taking offers from the consumer is serialised (they share it); the claims of concurrent calls travel
-        through the log side by side, and each call awaits its own outcomes.
-        """
-        async with self.offers.in_use():
-            out = await self._claim_offers(limit, worker_id)
+        """Non-blocking: claim up to ``limit`` rollouts on offer, oldest first (``claims.Claims``); stale offers
+        are skipped. Concurrent calls take offers one at a time and their claims travel side by side."""
+        out = [rollout_from_snapshot(snap) for snap in await self.claims.claim(limit, worker_id)]
         if not out and worker_id is not None:
             await self._observe_worker(worker_id, "empty_dequeue")
-        return out
-
-    async def _claim_offers(self, limit: int, worker_id: str | None) -> list[AttemptedRollout]:
-        out: list[AttemptedRollout] = []
-        while len(out) < limit:
-            offers = await self.offers.take(limit - len(out))
-            if not offers:
-                break
-            claims = [AttemptStarted(meta=self.events.factory.meta(o.rollout_id), attempt_id=new_attempt_id(),
-                                     sequence_id=o.attempt_sequence, start_time=time.time(), worker_id=worker_id)
-                      for o, _ in offers]
-            futures = self.log.send_lifecycle(claims)
-            try:
-                answers = await self.log.outcomes(futures, claims)
-            finally:  # every claim's outcome is known (or given up on): those offers are handled, whoever won
-                self.offers.handled(offers)
-            for done in answers:
-                if done.accepted and done.snapshot is not None:
-                    result = rollout_from_snapshot(done.snapshot)
-                    assert isinstance(result, AttemptedRollout)
-                    out.append(result)
-        return out
+        return [r for r in out if isinstance(r, AttemptedRollout)]
 
     async def update_rollout(self, rollout_id: str, input: Any = UNSET, mode: Any = UNSET, resources_id: Any = UNSET,
                              status: Any = UNSET, config: Any = UNSET, metadata: Any = UNSET) -> Rollout:

@@ -142,47 +142,18 @@ def _settled(predicate: Callable[[], Any], fut: Future[Any]) -> bool:
 
 
 class RolloutsView(TopicFollower):
-    """The newest snapshot of every rollout, and the outcome of events this process is waiting for.
-
-    ``watched_only``: keep snapshots only of the rollouts named by :meth:`watch` (a runner needs those of its own
-    claims, not of every rollout ever run), so memory stays bounded by the work in hand."""
+    """The newest snapshot of every rollout, from the compacted ``rollout-state`` topic."""
 
     record_type = RolloutSnapshot
 
-    def __init__(self, settings: Settings, codec: Codec, watched_only: bool = False) -> None:
+    def __init__(self, settings: Settings, codec: Codec) -> None:
         self.snapshots: dict[str, RolloutSnapshot] = {}
-        self._watched: dict[str, int] | None = {} if watched_only else None  # rollout id -> watchers
         super().__init__(settings, f"{settings.topic_prefix}.rollout-state", codec)
 
-    def watch(self, rollout_id: str) -> None:
-        """Keep this rollout's snapshots from now on (``watched_only``); pair with :meth:`unwatch`."""
-        if self._watched is not None:
-            with self.changed:
-                self._watched[rollout_id] = self._watched.get(rollout_id, 0) + 1
-
-    def unwatch(self, rollout_id: str) -> None:
-        if self._watched is not None:
-            with self.changed:
-                left = self._watched.get(rollout_id, 1) - 1
-                if left > 0:
-                    self._watched[rollout_id] = left
-                else:
-                    self._watched.pop(rollout_id, None)
-                    self.snapshots.pop(rollout_id, None)
-
-    def expect(self, event_id: str) -> Future[RolloutSnapshot]:
-        """Register before producing the event: the future gets the snapshot that follows it."""
-        return super().expect(event_id)
-
     def on_record(self, snap: RolloutSnapshot) -> None:
-        if self._watched is None or snap.rollout_id in self._watched:
-            current = self.snapshots.get(snap.rollout_id)
-            if current is None or snap.version >= current.version:  # same version: a later outcome snapshot
-                self.snapshots[snap.rollout_id] = snap
-        if snap.last_event_id is not None:
-            fut = self._waiters.pop(snap.last_event_id, None)
-            if fut is not None:
-                fut.set_result(snap)
+        current = self.snapshots.get(snap.rollout_id)
+        if current is None or snap.version >= current.version:  # same version: a later outcome snapshot
+            self.snapshots[snap.rollout_id] = snap
 
 
 class ResourcesView(TopicFollower):

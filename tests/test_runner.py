@@ -15,6 +15,7 @@ from litstream.infra.settings import Settings
 from litstream.schemas.codec import Codec
 from litstream.schemas.events import SpanRecorded
 from litstream.schemas.models import LLM, AttemptedRollout, NamedResources, ProxyLLM, RolloutConfig
+from litstream.streams.rollout_replica import RolloutReplica
 from litstream.streams.store import LitStore
 from litstream.workers.agent import LitAgent, as_agent, litagent
 from litstream.workers.runner import Runner
@@ -150,3 +151,56 @@ def test_agents_say_what_they_cannot_be_given() -> None:
         as_agent(bad)
     with pytest.raises(TypeError, match="not an agent"):
         as_agent(42)
+
+
+@pytest.mark.usefixtures("processor_running")
+def test_an_offer_that_cannot_be_read_is_dead_lettered_and_the_next_one_is_run(settings: Settings) -> None:
+    ran: list[int] = []
+
+    def agent(task: Any) -> float:
+        ran.append(task["n"])
+        return 1.0
+
+    offers = f"{settings.topic_prefix}.rollout-offers"
+
+    async def scenario() -> None:
+        store = LitStore(settings)
+        store.events.produce_raw(offers, b"not-a-rollout", b"not an offer")
+        store.events.flush()
+        bg = Background(Runner(settings, agent, concurrency=1))
+        try:
+            ro = await store.enqueue_rollout({"n": 1})
+            await finish(store, [ro.rollout_id])
+        finally:
+            bg.stop()
+            await store.close()
+
+    asyncio.run(scenario())
+    assert ran == [1]
+    letters = [m for m in read_to_end(settings, f"{offers}.dlq") if m.value() == b"not an offer"]
+    assert len(letters) == 1 and dict(letters[0].headers() or [])["litstream.dlq.error_type"] == b"decode"
+
+
+@pytest.mark.usefixtures("processor_running")
+def test_a_runners_replica_keeps_few_finished_rollouts(settings: Settings) -> None:
+    """A runner's replica answers claims only, and a finished rollout is never on offer again: it keeps the
+    newest ``keep_finished`` of them, and every rollout still in play."""
+
+    async def scenario() -> None:
+        store = LitStore(settings)
+        replica = RolloutReplica(settings, store.codec, keep_finished=2)
+        try:
+            done = []
+            for n in range(4):
+                ro = await store.start_rollout({"n": n})
+                await store.update_attempt(ro.rollout_id, ro.attempt.attempt_id, status="succeeded")
+                done.append(ro.rollout_id)
+            waiting = await store.enqueue_rollout({"n": "open"})
+            assert replica.wait_for(lambda: True if waiting.rollout_id in replica.states else None, 30)
+            assert set(replica.states) == {*done[-2:], waiting.rollout_id}
+            assert set(replica.snapshots) == set(replica.states)
+        finally:
+            replica.close()
+            await store.close()
+
+    asyncio.run(scenario())

@@ -1,35 +1,35 @@
 """The runner: takes rollouts on offer, claims them, runs the agent, reports the outcome.
 
-One Kafka consumer per runner process reads ``rollout-offers`` (its group splits the partitions between runner
-processes) and hands claimed rollouts to ``concurrency`` agent slots. An offer's offset is committed once the claim
-is durable: from then on the attempt's own lifecycle (heartbeats, timeouts, retries) takes over, so a runner that
-dies mid-attempt loses nothing — the attempt goes unresponsive and the rollout is retried per its config.
+Each runner process is a member of the runners' group on ``rollout-offers`` (the group splits the partitions
+between runners and stores) and claims offers for its ``concurrency`` agent slots with the store's claim protocol
+(``streams/claims.py``). An offer is committed once its claim's outcome is known: from then on the attempt's own
+lifecycle (heartbeats, timeouts, retries) takes over, so a runner that dies mid-attempt loses nothing — the
+attempt goes unresponsive and the rollout is retried per its config.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 import traceback
 from collections.abc import Mapping
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, TopicPartition
-
-from litstream.infra import health, metrics
-from litstream.infra.kafka import Backpressure, commit_sync, consumer, poll_batch
+from litstream.infra import health
 from litstream.infra.metrics import StatSeries
 from litstream.infra.producer import EventProducer
 from litstream.infra.service import Service
 from litstream.infra.settings import Settings
-from litstream.schemas.codec import DecodeError
-from litstream.schemas.events import AttemptStarted, RolloutOffered
-from litstream.schemas.models import Attempt, AttemptedRollout, NamedResources, Rollout, new_attempt_id
-from litstream.streams.deadletter import DeadLetter
+from litstream.schemas.events import RolloutSnapshot
+from litstream.schemas.models import AttemptedRollout, NamedResources
+from litstream.streams.claims import Claims
+from litstream.streams.log_writer import LogWriter, StoreError
+from litstream.streams.offers import OfferReader
 from litstream.streams.state import rollout_from_snapshot
-from litstream.streams.views import ResourcesView, RolloutsView
+from litstream.streams.views import ResourcesView
 
 from .agent import AttemptInputs, as_agent
 from .progress import Progress
@@ -44,7 +44,8 @@ RUNNER_SERIES = {
     "failed": StatSeries("litstream_runner_attempts", "Attempts run, by outcome", {"outcome": "failed"}),
     "spans": StatSeries("litstream_runner_spans", "Spans emitted by the agents"),
 }
-CLAIM_ROUNDS = 3  # claims sent at most per offer when no outcome comes back
+CLAIM_RETRY_S = 1.0  # the pause before claiming again after claims went unanswered (the broker is away)
+RUNNER_KEEP_FINISHED = 10_000  # finished rollouts the runner's replica keeps (none is on offer again)
 RESOURCES_WAIT_S = 30.0  # how long an attempt waits for its rollout's resources to reach this runner's view
 
 
@@ -69,9 +70,11 @@ class Runner:
         self.heartbeat = health.Heartbeat(settings.data_dir, ROLE, self.report)
         self.progress = Progress()
         self.progress_s = progress_s  # how often the progress line is logged
-        self.claim_wait_s = claim_wait_s
-        # Tells whether each claim won; keeps snapshots only of the rollouts this runner is claiming.
-        self.claims = RolloutsView(settings, self.events.codec, watched_only=True)
+        # The claim protocol the store uses too; the replica answering the claims keeps few finished rollouts.
+        log_writer = LogWriter(settings, claim_wait_s, role=ROLE, keep_finished=RUNNER_KEEP_FINISHED)
+        offers = OfferReader(settings, log_writer.codec, log_writer.rollouts, read_ahead=max(2 * concurrency, 16),
+                             leave_when_idle=False, on_undecodable=log_writer.dead_letter)
+        self.claims = Claims(log_writer, offers)
         self.resources = ResourcesView(settings, self.events.codec)
         self._resources_caught_up = False
         self._running: dict[str, AttemptContext] = {}  # attempt id -> context, for a stop that releases them
@@ -89,145 +92,58 @@ class Runner:
     def run(self, max_rollouts: int | None = None) -> None:
         """Serve offers until stopped (or ``max_rollouts`` attempts were claimed); then drain in-flight attempts.
 
-        Offers are taken a batch at a time, as many as there are free slots: their claims go out together, are made
-        durable with one flush, and the offers are committed with one commit; each slot then waits for its own
-        claim's outcome. So the round trip through the lifecycle processor overlaps across slots instead of
-        adding up offer after offer."""
-        c = consumer(self.settings, group_id=f"{self.settings.topic_prefix}-runners",
-                     **{"max.poll.interval.ms": 600_000})
-        c.subscribe([self.events.topics.offers])
-        gate = Backpressure(c)
-        max_rollouts = self.max_rollouts if max_rollouts is None else max_rollouts
-        sent = 0
+        Offers are claimed a batch at a time, as many as there are free slots (``claims.Claims``, the store's
+        claim protocol): the claims travel together and each is answered by this runner's replica of the fold
+        once the broker holds it. With every slot busy the runner stays in the runners' group, fetching nothing."""
+        asyncio.run(self._serve(self.max_rollouts if max_rollouts is None else max_rollouts))
+
+    async def _serve(self, max_rollouts: int | None) -> None:
+        claimed = 0
         try:
-            while not self.stop_event.is_set():
-                if max_rollouts is not None and sent >= max_rollouts:
-                    break
+            while not self.stop_event.is_set() and (max_rollouts is None or claimed < max_rollouts):
                 self.heartbeat.tick()
                 if self.progress.due(time.monotonic(), self.progress_s):
                     log.info("%s", self.progress.line())
-                limit = self.concurrency if max_rollouts is None else min(self.concurrency, max_rollouts - sent)
+                limit = self.concurrency if max_rollouts is None else min(self.concurrency, max_rollouts - claimed)
                 free = 0
                 while free < limit and self._slots.acquire(blocking=False):
                     free += 1
-                # Back-pressure: with every slot busy, pause fetching but keep polling (group membership).
                 if not free:
-                    gate.hold()
-                    held = c.poll(0.1)
-                    if held is not None:
-                        gate.put_back(held)
+                    await self.claims.offers.hold()
                     continue
-                gate.release()
-                offers = [m for m in poll_batch(c, 0.5, free) if _is_record(m)]
-                # A record (no error) always has its topic, partition and offset.
-                claims = [self._send_claim(m.value(), str(m.topic()), m.partition() or 0, m.offset() or 0, m.key())
-                          for m in offers]
-                if offers:
-                    self.events.flush()  # the claims are durable before their offers are committed
-                    ends: dict[tuple[str, int], int] = {}
-                    for m in offers:
-                        key = (str(m.topic()), int(m.partition() or 0))
-                        ends[key] = max(ends.get(key, 0), int(m.offset() or 0) + 1)
-                    commit_sync(c, [TopicPartition(t, p, o) for (t, p), o in ends.items()])
-                started = [cl for cl in claims if cl is not None]
-                sent += len(started)
-                for offer, claim, answer in started:
-                    fut = self._pool.submit(self._claim_then_run, offer, claim, answer)
+                won = await self._claim(free)
+                claimed += len(won)
+                for snap in won:
+                    fut = self._pool.submit(self._run_claimed, snap)
                     self._inflight.add(fut)
                     fut.add_done_callback(self._inflight.discard)
-                for _ in range(free - len(started)):
+                for _ in range(free - len(won)):
                     self._slots.release()
         finally:
             self._drain()
             log.info("%s (stopped)", self.progress.line())
-            c.close()
-            self.claims.close()
+            await self.claims.offers.close()
+            await self.claims.log.close()
+            self.events.close()
 
-    def _send_claim(self, value: bytes | None, topic: str, partition: int, offset: int,
-                    key: bytes | None) -> tuple[RolloutOffered, AttemptStarted, Future[Any]] | None:
-        """Claim an offer (not yet flushed); None for an offer that cannot be read (dead-lettered)."""
+    async def _claim(self, limit: int) -> list[RolloutSnapshot]:
+        """The snapshots of the claims that won, out of up to ``limit`` offers."""
+        lost_before = self.claims.lost
         try:
-            offer = self.events.codec.decode_as(value, RolloutOffered)
-        except DecodeError as exc:
-            letter = DeadLetter(topic, partition, offset, key, value, exc.reason, ROLE, "decode")
-            self.events.produce_raw(letter.topic, key, value, headers=letter.headers())
-            metrics.record_dead_letter(ROLE, letter.source_topic, letter.error_type)
-            return None
-        self.claims.watch(offer.rollout_id)  # unwatched once the claim phase of _claim_then_run is over
-        return (offer, *self._claim(offer))
-
-    def _claim(self, offer: RolloutOffered) -> tuple[AttemptStarted, Future[Any]]:
-        """Send one claim of the offer (not flushed) and the future that gets its outcome."""
-        claim = AttemptStarted(meta=self.events.factory.meta(offer.rollout_id), attempt_id=new_attempt_id(),
-                               sequence_id=offer.attempt_sequence, start_time=time.time(), worker_id=self.worker_id)
-        answer = self.claims.expect(claim.meta.event_id)
-        self.events.send(self.events.topics.rollout_events, claim)
-        return claim, answer
-
-    def _claim_then_run(self, offer: RolloutOffered, claim: AttemptStarted, answer: Future[Any]) -> None:
-        try:
-            rollout, first_seq = self._claim_outcome(offer, claim, answer)
-        finally:
-            self.claims.unwatch(offer.rollout_id)
-        if rollout is None:
-            with self._stats_lock:
-                self.stats["claims_lost"] += 1
-            self._slots.release()
-            return
+            won = await self.claims.claim(limit, self.worker_id)
+        except StoreError as exc:  # the broker is away: the offers are claimed again once it is back
+            log.warning("claims unanswered: %s", exc)
+            await asyncio.sleep(CLAIM_RETRY_S)
+            return []
         with self._stats_lock:
-            self.stats["claimed"] += 1
-        self._run_attempt(rollout, first_seq)
+            self.stats["claimed"] += len(won)
+            self.stats["claims_lost"] += self.claims.lost - lost_before
+        return won
 
-    def _claim_outcome(self, offer: RolloutOffered, claim: AttemptStarted,
-                       answer: Future[Any]) -> tuple[AttemptedRollout | None, int]:
-        """Wait for the claim's outcome: the rollout to run (the claim won) or None (lost), and its next sequence id.
-
-        With no outcome in time, the rollout's newest snapshot decides: one of our claims is among its attempts (it
-        won; its outcome went missing), the rollout no longer waits for a claim (lost), or there is no trace of the
-        claim and the rollout still waits (claim again: a claim can be lost with a processor that died before its
-        effects went out). After ``CLAIM_ROUNDS`` rounds with no answer at all, run anyway."""
-        first = claim
-        mine = {claim.attempt_id: claim}
-        answers = {answer: claim.meta.event_id}  # an answer to any of our claims counts: the first sent wins first
-        rollout: Rollout | None = None  # an AttemptedRollout once a claim of ours won: checked at the end
-        first_seq = 1
-        lost = False
-        for round_ in range(CLAIM_ROUNDS):
-            done, _ = wait(answers, timeout=self.claim_wait_s / CLAIM_ROUNDS, return_when=FIRST_COMPLETED)
-            if done:
-                outcome = next(iter(done)).result()
-            else:
-                outcome = self.claims.snapshots.get(offer.rollout_id)
-                if outcome is None or (outcome.status in ("queuing", "requeuing")
-                                       and not any(a.attempt_id in mine for a in outcome.attempts)):
-                    if round_ == CLAIM_ROUNDS - 1:
-                        break
-                    log.warning("no answer to the claim of %s; claiming again", offer.rollout_id)
-                    claim, answer = self._claim(offer)
-                    mine[claim.attempt_id] = claim
-                    answers[answer] = claim.meta.event_id
-                    self.events.flush()
-                    continue
-            won = next((a for a in outcome.attempts if a.attempt_id in mine), None)
-            if won is None or won.attempt_id != outcome.attempts[-1].attempt_id:
-                log.info("claim of %s (attempt %d) lost: %s", offer.rollout_id, offer.attempt_sequence,
-                         outcome.last_reason)
-                lost = True
-                break
-            rollout, first_seq = rollout_from_snapshot(outcome), outcome.next_sequence_id
-            break
-        for event_id in answers.values():
-            self.claims.forget(event_id)
-        if lost:
-            return None, first_seq
-        if rollout is None:
-            # No answer at all (the lifecycle processor is down or far behind): run anyway, as the first claim's
-            # attempt — claims are applied in the order they were sent, so if any of ours wins, it is that one.
-            # If it lost, the fold rejects this attempt's events; if it won, the work is not wasted.
-            log.warning("no answer to the claim of %s within %.0fs; running it", offer.rollout_id, self.claim_wait_s)
-            rollout = _rollout_from_offer(offer, first)
+    def _run_claimed(self, snap: RolloutSnapshot) -> None:
+        rollout = rollout_from_snapshot(snap)
         assert isinstance(rollout, AttemptedRollout)
-        return rollout, first_seq
+        self._run_attempt(rollout, snap.next_sequence_id)
 
     def _resources_for(self, rollout: AttemptedRollout) -> tuple[str | None, NamedResources]:
         self._resources_read(rollout.resources_id)
@@ -303,17 +219,3 @@ def run(settings: Settings, agent: Any, **options: Any) -> None:
     are :class:`Runner`'s."""
     Service(settings, ROLE, RUNNER_SERIES).run(lambda s: Runner(s, agent, **options))
 
-
-def _is_record(msg: Message) -> bool:
-    err = msg.error()
-    if err is not None and err.code() != KafkaError._PARTITION_EOF:
-        log.warning("offers consumer: %s", err)
-    return err is None
-
-
-def _rollout_from_offer(offer: RolloutOffered, claim: AttemptStarted) -> AttemptedRollout:
-    attempt = Attempt(rollout_id=offer.rollout_id, attempt_id=claim.attempt_id, sequence_id=claim.sequence_id,
-                      start_time=claim.start_time, worker_id=claim.worker_id)
-    return AttemptedRollout(rollout_id=offer.rollout_id, input=offer.input, start_time=claim.start_time,
-                            mode=offer.mode, resources_id=offer.resources_id, status="preparing",
-                            config=offer.config.model_dump(), metadata=offer.metadata, attempt=attempt)
