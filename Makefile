@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml schemas/_avro.c infra/pom.xml
 # Agent Lightning 0.3.0 in its own virtualenv (.venv-agl; its pins conflict with Faust's): the benchmarks' baseline
 # and the compatibility tests' stock client. Made once; a no-op when it is there.
 baseline: install
-	$(BIN)/python -m litstream.bench --prepare-baseline
+	$(BIN)/python -m bench --prepare-baseline
 
 MODEL ?= tiny
 
@@ -45,10 +45,10 @@ lint: install
 	LINT_BIN=$(abspath $(BIN)) .ci/lint
 
 bench: install
-	OMP_NUM_THREADS=1 $(BIN)/python -m litstream.bench $(ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m bench $(ARGS)
 
 compose-check: install
-	$(BIN)/python infra/compose_check.py docker-compose.yml
+	$(BIN)/python tools/compose_check.py docker-compose.yml
 
 up: install
 	$(BIN)/litstream up

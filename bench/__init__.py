@@ -1,1 +1,1 @@
-"""Benchmarks of the pipeline's hot paths, run with ``python -m litstream.bench`` (see bench/README.md)."""
+"""Benchmarks of the pipeline's hot paths, run with ``python -m bench`` (see bench/README.md)."""

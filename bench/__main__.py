@@ -1,4 +1,4 @@
-"""``python -m litstream.bench [--only NAME] [--quick] [--no-agl] [--prepare-baseline]``: run benchmarks, print,
+"""``python -m bench [--only NAME] [--quick] [--no-agl] [--prepare-baseline]``: run benchmarks, print,
 save JSON."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from .summary import markdown, print_summary, rows_of, summary
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m litstream.bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--only", action="append", choices=sorted(BENCHMARKS), metavar="NAME",
                         help=f"run only this benchmark (repeatable): {', '.join(sorted(BENCHMARKS))}")
     parser.add_argument("--quick", action="store_true",

@@ -27,16 +27,16 @@ from litstream.infra.broker import DEFAULT_HEAP_MB, KAFKA_VERSION, BrokerError, 
 # The registry: one line per benchmark, name -> module. A module defines `TITLE: str` and
 # `run(ctx: Context) -> Report`; it is imported only when it runs.
 BENCHMARKS: dict[str, str] = {
-    "kafka_codec": "litstream.bench.kafka_codec",
-    "broker": "litstream.bench.broker",
-    "rollout_cycles": "litstream.bench.rollout_cycles",
-    "timer_latency": "litstream.bench.timer_latency",
-    "replay_rate": "litstream.bench.replay_rate",
-    "span_ingest": "litstream.bench.span_ingest",
-    "agent_loop": "litstream.bench.agent_loop",
-    "report_queries": "litstream.bench.report_queries",
-    "trainer": "litstream.bench.trainer",
-    "policy_server": "litstream.bench.policy_server",
+    "kafka_codec": "bench.kafka_codec",
+    "broker": "bench.broker",
+    "rollout_cycles": "bench.rollout_cycles",
+    "timer_latency": "bench.timer_latency",
+    "replay_rate": "bench.replay_rate",
+    "span_ingest": "bench.span_ingest",
+    "agent_loop": "bench.agent_loop",
+    "report_queries": "bench.report_queries",
+    "trainer": "bench.trainer",
+    "policy_server": "bench.policy_server",
 }
 
 BENCH_DIR = Path(__file__).resolve().parent

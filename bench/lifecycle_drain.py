@@ -5,7 +5,7 @@ clock runs from the processor being ready until a fresh store's view shows every
 folded, its snapshot and offer written). CPU-seconds of the broker and the processor come from /proc.
 (docs/benchmarks.md, "Group commit of the processor's outputs ...")
 
-    python -m litstream.bench.lifecycle_drain [--rollouts 10000] [--profile docs/perf/drain.svg]
+    python -m bench.lifecycle_drain [--rollouts 10000] [--profile docs/perf/drain.svg]
 
 ``--profile PATH`` attaches py-spy (``pip install py-spy``) to the processor for the drain only (not its start or
 stop) and writes its flame graph there (``.svg``) or a speedscope profile (``.json``).

@@ -31,7 +31,7 @@ from litstream.infra.settings import Settings
 from litstream.trainer.engines import TorchEngine
 from litstream.trainer.policy import build_policy
 from litstream.workers.policy_server.backends import EngineBackend, torch_backend
-from litstream.workers.policy_server.service import RunningServer, ServerOptions
+from litstream.workers.policy_server.process import RunningServer, ServerOptions
 
 from .harness import Context, Report, Row
 from .lifecycle import open_store, pipeline

@@ -1,7 +1,7 @@
 """The codec's hot loops alone, for a profiler: the benchmark's own LLM-call spans, encoded or decoded for a
 fixed time after a short setup, so the flame graph shows the loop and not the imports.
 
-    py-spy record -r 200 -o codec-encode.svg -- python -m litstream.bench.profile_codec encode --seconds 10
+    py-spy record -r 200 -o codec-encode.svg -- python -m bench.profile_codec encode --seconds 10
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from litstream.bench.kafka_codec import build_spans, span_variants
+from bench.kafka_codec import build_spans, span_variants
 from litstream.schemas.codec import Codec
 from litstream.schemas.events import EventFactory
 

@@ -11,7 +11,7 @@ machine.
 ``--profile DIR`` attaches py-spy (``pip install py-spy``) to the processor and to this process while the calls
 run and writes ``request-path-lifecycle.svg`` and ``request-path-store.svg`` there.
 
-    python -m litstream.bench.request_hops [--rollouts 200] [--in-flight 1] [--profile docs/perf]
+    python -m bench.request_hops [--rollouts 200] [--in-flight 1] [--profile docs/perf]
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ anywhere. It reports the rate over each tenth and quarter of the rollouts (flat:
 of the first), every process's peak RSS against its bound (the broker: its heap plus the JVM's own; a Python
 process: 500 MiB), and plots the rate, the RSS and the lag over the run.
 
-``python -m litstream.bench.soak`` runs a smoke size (1,000 rollouts); the full soak is
-``python -m litstream.bench.soak --rollouts 100000 --spans 1000000`` (see bench/README.md).
+``python -m bench.soak`` runs a smoke size (1,000 rollouts); the full soak is
+``python -m bench.soak --rollouts 100000 --spans 1000000`` (see bench/README.md).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ from .processes import cpu_of, rss_file_of, rss_of
 
 TITLE = "soak: rollouts and spans through the embedded stack; RSS of every process, consumer lag back to zero, loss"
 
-AGENT = "litstream.bench.soak:soak_agent"
+AGENT = "bench.soak:soak_agent"
 # SIGUSR1 ends the soak early: no more rollouts are enqueued, the ones enqueued finish, and the checks run on them.
 STOP_EARLY = threading.Event()
 
@@ -810,11 +810,11 @@ def run(ctx: Context) -> Report:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m litstream.bench.soak --rollouts N --spans M``: the soak at any size, printed and saved like
+    """``python -m bench.soak --rollouts N --spans M``: the soak at any size, printed and saved like
     every benchmark."""
     from .harness import machine, print_machine, print_report, save
 
-    parser = argparse.ArgumentParser(prog="python -m litstream.bench.soak", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rollouts", type=int, default=DEFAULT.rollouts)
     parser.add_argument("--spans", type=int, default=None,

@@ -18,7 +18,7 @@ from litstream.trainer.checkpoint import save_checkpoint
 from litstream.trainer.engines import TorchEngine
 from litstream.trainer.policy import build_policy
 from litstream.workers.policy_server.backends import Backend, torch_backend
-from litstream.workers.policy_server.service import RunningServer, ServerOptions
+from litstream.workers.policy_server.process import RunningServer, ServerOptions
 
 
 class ServerThread:

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from bench.harness import _agl_env, agl_python
 from litstream.app.stack import Stack
-from litstream.bench.harness import _agl_env, agl_python
 from litstream.infra.broker import free_port
 from litstream.infra.settings import Settings
 

@@ -11,13 +11,15 @@ import pytest
 
 from litstream.infra.broker import KAFKA_VERSION
 
+ROOT = Path(__file__).resolve().parents[1]  # `python -m bench` runs from a checkout's root: bench is not installed
+
 
 def quick_bench(name: str, results: Path) -> Path:
     """Run one benchmark's quick size without the reference, as `make bench` would; returns its JSON file."""
     proc = subprocess.run(
-        [sys.executable, "-m", "litstream.bench", "--only", name, "--quick", "--no-agl",
+        [sys.executable, "-m", "bench", "--only", name, "--quick", "--no-agl",
          "--results-dir", str(results)],
-        check=False, capture_output=True, text=True, timeout=300,
+        check=False, capture_output=True, text=True, timeout=300, cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     [path] = results.glob(f"{name}-*.json")
@@ -25,9 +27,9 @@ def quick_bench(name: str, results: Path) -> Path:
 
 def test_kafka_codec_quick(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "litstream.bench", "--only", "kafka_codec", "--quick", "--no-agl",
+        [sys.executable, "-m", "bench", "--only", "kafka_codec", "--quick", "--no-agl",
          "--results-dir", str(tmp_path)],
-        check=False, capture_output=True, text=True, timeout=120,
+        check=False, capture_output=True, text=True, timeout=120, cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     files = list(tmp_path.glob("kafka_codec-*.json"))
@@ -62,8 +64,8 @@ def test_lifecycle_benchmarks_quick(tmp_path: Path) -> None:
     names = ("rollout_cycles", "timer_latency", "replay_rate", "span_ingest")
     only = [arg for name in names for arg in ("--only", name)]
     proc = subprocess.run(
-        [sys.executable, "-m", "litstream.bench", *only, "--quick", "--no-agl", "--results-dir", str(tmp_path)],
-        check=False, capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "bench", *only, "--quick", "--no-agl", "--results-dir", str(tmp_path)],
+        check=False, capture_output=True, text=True, timeout=300, cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     docs = {}
@@ -110,9 +112,9 @@ def test_lifecycle_benchmarks_quick(tmp_path: Path) -> None:
 def test_soak_tiny(tmp_path: Path) -> None:
     """The soak at a tiny size: every group's lag back to zero, nothing lost, RSS sampled per process, a PNG."""
     proc = subprocess.run(
-        [sys.executable, "-m", "litstream.bench.soak", "--rollouts", "100", "--runners", "2", "--concurrency", "4",
+        [sys.executable, "-m", "bench.soak", "--rollouts", "100", "--runners", "2", "--concurrency", "4",
          "--partitions", "4", "--in-flight", "100", "--sample-s", "2", "--results-dir", str(tmp_path)],
-        check=False, capture_output=True, text=True, timeout=300,
+        check=False, capture_output=True, text=True, timeout=300, cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     files = list(tmp_path.glob("soak-*.json"))

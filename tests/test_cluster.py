@@ -138,7 +138,7 @@ def test_a_killed_leader_loses_nothing_and_rejoins(cluster: KafkaCluster, tmp_pa
     with Stack(settings) as stack:
         stack.start("lifecycle", "process", "lifecycle")
         stack.start("span-sink", "process", "span-sink")
-        stack.start("runner", "runner", "--concurrency", "2", "--agent", "litstream.bench.soak:soak_agent")
+        stack.start("runner", "runner", "--concurrency", "2", "--agent", "bench.soak:soak_agent")
         stack.wait_ready("lifecycle", "lifecycle", timeout=120)
         stack.wait_ready("span-sink", "span-sink", key="inserted", timeout=120)
         pids = {name: role.proc.pid for name, role in stack.roles.items()}

@@ -28,7 +28,7 @@ MIN_ISR_KEYS = ("KAFKA_MIN_INSYNC_REPLICAS", "KAFKA_TRANSACTION_STATE_LOG_MIN_IS
 
 def _load_checker() -> ModuleType:
     # Loaded by path so the test works whether or not the package is installed.
-    spec = importlib.util.spec_from_file_location("compose_check", ROOT / "infra" / "compose_check.py")
+    spec = importlib.util.spec_from_file_location("compose_check", ROOT / "tools" / "compose_check.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module

@@ -178,7 +178,7 @@ def test_the_broker_killed_mid_run_and_restarted_loses_no_acknowledged_record(tm
             stack.start("span-sink", "process", "span-sink")
             stack.start("triplets", "process", "triplets")
             # an agent whose LLM call carries token ids, so every rollout also makes a triplet
-            stack.start("runner", "runner", "--concurrency", "4", "--agent", "litstream.bench.soak:soak_agent")
+            stack.start("runner", "runner", "--concurrency", "4", "--agent", "bench.soak:soak_agent")
             stack.wait_ready("lifecycle", "lifecycle")
             stack.wait_ready("span-sink", "span-sink", key="inserted")
             d = Driver(settings)

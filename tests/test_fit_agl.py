@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from bench.harness import _agl_env, agl_python
 from litstream.app.fit import Trainer
 from litstream.app.stack import running_stack
-from litstream.bench.harness import _agl_env, agl_python
 from litstream.infra.settings import Settings
 from litstream.schemas.events import TripletEmitted
 from litstream.trainer.algorithm import GRPO

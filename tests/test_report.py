@@ -195,8 +195,9 @@ def test_cli_report_on_the_directory_and_through_the_sink(settings: Settings, tm
 
 
 def test_report_queries_benchmark_quick(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "litstream.bench", "--only", "report_queries", "--quick", "--no-agl",
-                           "--results-dir", str(tmp_path)], check=False, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "bench", "--only", "report_queries", "--quick", "--no-agl",
+                           "--results-dir", str(tmp_path)], check=False, capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])  # bench runs from the checkout's root
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads(next(tmp_path.glob("report_queries-*.json")).read_text())
     rows = {row["what"]: row for row in doc["rows"]}

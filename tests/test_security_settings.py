@@ -56,5 +56,5 @@ def test_every_litstream_variable_the_project_reads_is_known() -> None:
              root / "Makefile"]
     used = {v for f in files if f.is_file() and ".venv" not in f.parts
             for v in re.findall(r"\bLITSTREAM_[A-Z][A-Z0-9_]*[A-Z0-9]\b", f.read_text(errors="replace"))}
-    used -= misspelt_on_purpose | {"LITSTREAM_SERVICES"}  # a constant's name in infra/compose_check.py
+    used -= misspelt_on_purpose | {"LITSTREAM_SERVICES"}  # a constant's name in tools/compose_check.py
     assert used <= known, sorted(used - known)

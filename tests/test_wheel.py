@@ -1,5 +1,6 @@
 """The wheel `pip install .` builds (what the Dockerfile installs) is whole: every module, every data file
-the code opens, the compiled codec and the `litstream` command.
+the code opens, the compiled codec and the `litstream` command; and it holds the product only, not the
+benchmarks or the compose check.
 
 The wheel is built from a copy of the sources (the working tree's build/ and egg-info stay untouched and
 cannot leak in), then installed into a fresh virtualenv that borrows only the project venv's dependencies:
@@ -25,12 +26,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # Top-level folders with an __init__.py that are not part of the package: they run from a checkout.
-NOT_PACKAGED = {"tests", "examples"}
+NOT_PACKAGED = {"tests", "examples", "bench"}
 # Files in the package's folders the wheel leaves out on purpose: configs docker-compose mounts, the C source
-# of the extension, notes, local benchmark results. Any other file there must ship.
+# of the extension. Any other file there must ship.
 NOT_SHIPPED = (
-    "infra/grafana/*", "infra/prometheus/*", "schemas/_avro.c", "bench/README.md", "bench/results/*",
+    "infra/grafana/*", "infra/prometheus/*", "schemas/_avro.c",
 )
+# Development tools that run from a checkout and must not ship: the benchmarks and the compose check (with its
+# vendored 91 kB schema).
+DEV_ONLY = ("*bench/*", "*compose_check*", "*compose-spec*")
 
 IMPORT_PROBE = """
 import importlib, json, sys, sysconfig
@@ -51,12 +55,11 @@ Path(sys.argv[2]).write_text(json.dumps({"failed": failed, "outside": outside, "
 
 # Each data file reached the way the code reaches it at run time.
 DATA_PROBE = """
-from litstream.infra import broker, compose_check
+from litstream.infra import broker
 from litstream.infra.clickhouse import MIGRATIONS_DIR
 from litstream.schemas.codec import SchemaStore
 from litstream.workers.dashboard import routes
 assert broker.pom_path().is_file() and broker.log4j_config_path().is_file()
-assert compose_check.SCHEMA_PATH.is_file()
 assert sorted(MIGRATIONS_DIR.glob("[0-9][0-9][0-9][0-9]_*.sql"))
 SchemaStore()  # opens every record's .avsc
 env = routes._environment()
@@ -181,6 +184,14 @@ def test_wheel_holds_every_data_file(wheel_files: list[str]) -> None:
               if not p.endswith(".py") and not any(fnmatch.fnmatch(p, pat) for pat in NOT_SHIPPED)}
     missing = sorted(p for p, target in needed if target is not None and target not in shipped)
     assert not missing, f"add to [tool.setuptools.package-data] (or NOT_SHIPPED here): {missing}"
+
+
+def test_wheel_leaves_out_the_development_tools(wheel_files: list[str]) -> None:
+    """The benchmarks and the compose check are not part of the product: neither is in the wheel."""
+    shipped = [p for p in wheel_files if any(fnmatch.fnmatch(p, pat) for pat in DEV_ONLY)]
+    assert shipped == []
+    assert not any(p.startswith(("litstream/bench/", "bench/")) for p in wheel_files)
+    assert "litstream/infra/compose_check.py" not in wheel_files
 
 
 @pytest.mark.skipif(not _has_c_compiler(), reason="no C compiler: the optional extension is skipped")

@@ -8,8 +8,7 @@ as well.
 
 Usage::
 
-    python infra/compose_check.py [docker-compose.yml]
-    python -m litstream.infra.compose_check [docker-compose.yml]
+    python tools/compose_check.py [docker-compose.yml]      (``make compose-check``)
 
 Exit status: 0 when the file passes, 1 when problems were found, 2 when the
 check could not run (missing dependency, unreadable file).
@@ -227,7 +226,7 @@ def _unshare(node: Any) -> Any:
 
 
 def _default_path() -> Path:
-    """./docker-compose.yml, else the one at the repository root beside infra/."""
+    """./docker-compose.yml, else the one at the repository root (this file's folder's parent)."""
     cwd = Path("docker-compose.yml")
     return cwd if cwd.exists() else Path(__file__).resolve().parents[1] / "docker-compose.yml"
 
