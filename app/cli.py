@@ -511,7 +511,7 @@ def process_trainer(policy: str, checkpoints: Path | None, group_size: int, grou
     from litstream.trainer.defaults import defaults_for
     from litstream.trainer.grpo import LossConfig
     from litstream.trainer.learner import LearnerConfig
-    from litstream.trainer.service import TrainerConfig, run
+    from litstream.trainer.process import TrainerConfig, run
 
     _logging()
     tokens = max_tokens or defaults_for(policy).max_tokens
@@ -613,7 +613,7 @@ def policy_server(host: str | None, port: int | None, checkpoint: str | None, mo
         print(c.chat.completions.create(model='tiny-policy', messages=[{'role': 'user', 'content': '2+2='}]))"
     """
     from litstream.workers.policy_server.backends import build_backend
-    from litstream.workers.policy_server.service import ServerOptions, run
+    from litstream.workers.policy_server.process import ServerOptions, run
 
     _logging()
     tune_gc_for_service()
