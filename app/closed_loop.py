@@ -175,7 +175,7 @@ def _triplet_versions(settings: Settings) -> dict[str, int]:
 
 
 def _trainer_steps(data_dir: Path) -> list[dict[str, Any]]:
-    from litstream.trainer.service import read_metrics
+    from litstream.trainer.process import read_metrics
 
     return read_metrics(data_dir)
 

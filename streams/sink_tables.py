@@ -17,7 +17,7 @@ from litstream.infra.topics import Topics
 from litstream.schemas.codec import Codec, DecodeError
 from litstream.schemas.events import SpanRecorded, TripletEmitted
 
-from .deadletter import DeadLetter
+from .deadletter import DeadLetter, Rejected
 from .event_rows import LIFECYCLE_TYPES, Positioned, event_arrow, triplet_arrow
 from .span_rows import span_record_arrow
 
@@ -31,6 +31,27 @@ SINK_TOPICS: dict[str, str] = {"spans": SPANS_TABLE, "rollout-events": EVENTS_TA
 def sink_topics(topics: Topics) -> dict[str, str]:
     """Physical topic name -> table."""
     return {topics.name(role): table for role, table in SINK_TOPICS.items()}
+
+
+SinkRow = tuple[str, Any, int]  # (table, decoded record, bytes read)
+
+
+def decode_row(topics: Topics, codec: Codec, topic: str, partition: int, offset: int, value: bytes | None) -> SinkRow:
+    """A record of a sink topic as the row its table stores; :class:`Rejected` when it cannot be one."""
+    size = len(value or b"")
+    try:
+        if topic == topics.spans:
+            return SPANS_TABLE, codec.decode_record(value, SpanRecorded), size
+        if topic == topics.triplets:
+            return TRIPLETS_TABLE, codec.decode_as(value, TripletEmitted), size
+        if topic == topics.rollout_events:
+            event = codec.decode(value)
+            if not isinstance(event, LIFECYCLE_TYPES):
+                raise Rejected(f"{type(event).__name__} does not belong on {topic}", "invalid")
+            return EVENTS_TABLE, Positioned(event, partition, offset), size
+    except DecodeError as exc:
+        raise Rejected(exc.reason, "decode") from exc
+    raise Rejected(f"{topic} is not a topic the sink stores", "invalid")
 
 
 @dataclass
@@ -50,26 +71,22 @@ class SinkBatch:
         return len(self.spans) + len(self.events) + len(self.triplets) + len(self.letters)
 
     def add(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None) -> None:
-        self.nbytes += len(value or b"")
-
-        def dead(reason: str, kind: str) -> None:
-            self.letters.append(DeadLetter(topic, partition, offset, key, value, reason, self.processor, kind))
-
         try:
-            if topic == self.topics.spans:
-                self.spans.append(self.codec.decode_record(value, SpanRecorded))
-            elif topic == self.topics.triplets:
-                self.triplets.append(self.codec.decode_as(value, TripletEmitted))
-            elif topic == self.topics.rollout_events:
-                event = self.codec.decode(value)
-                if not isinstance(event, LIFECYCLE_TYPES):
-                    dead(f"{type(event).__name__} does not belong on {topic}", "invalid")
-                    return
-                self.events.append(Positioned(event, partition, offset))
-            else:
-                dead(f"{topic} is not a topic the sink stores", "invalid")
-        except DecodeError as exc:
-            dead(exc.reason, "decode")
+            self.append(decode_row(self.topics, self.codec, topic, partition, offset, value))
+        except Rejected as exc:
+            self.nbytes += len(value or b"")
+            self.letters.append(DeadLetter(topic, partition, offset, key, value, exc.reason, self.processor,
+                                           exc.error_type))
+
+    def append(self, row: SinkRow) -> None:
+        table, record, size = row
+        self.nbytes += size
+        if table == SPANS_TABLE:
+            self.spans.append(record)
+        elif table == EVENTS_TABLE:
+            self.events.append(record)
+        else:
+            self.triplets.append(record)
 
     def counts(self) -> dict[str, int]:
         """Rows per table."""

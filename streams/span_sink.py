@@ -12,7 +12,6 @@ clickhouse``) to other processes on a loopback API. Its role name stays ``span-s
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -20,20 +19,32 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import KafkaError, Message, TopicPartition
+from confluent_kafka import Message, TopicPartition
 
 from litstream.infra import health, metrics
 from litstream.infra.clickhouse import ClickHouse, QueryLimits
 from litstream.infra.clickhouse.api import serve_queries
 from litstream.infra.failpoints import failpoint
-from litstream.infra.kafka import Headers, commit_sync, consumer, producer
+from litstream.infra.kafka import consumer
 from litstream.infra.metrics import StatSeries
+from litstream.infra.producer import EventProducer
 from litstream.infra.service import Service
 from litstream.infra.settings import Settings
 from litstream.infra.topics import Topics
 from litstream.schemas.codec import Codec, default_codec
 
-from .sink_tables import EVENTS_TABLE, SPANS_TABLE, TRIPLETS_TABLE, SinkBatch, insert_tables, sink_topics
+from .consume_loop import ConsumeLoop, Fetch, Offsets, Record, Work
+from .deadletter import DeadLetters
+from .sink_tables import (
+    EVENTS_TABLE,
+    SPANS_TABLE,
+    TRIPLETS_TABLE,
+    SinkBatch,
+    SinkRow,
+    decode_row,
+    insert_tables,
+    sink_topics,
+)
 
 log = logging.getLogger("litstream.span_sink")
 ROLE = "span-sink"
@@ -52,16 +63,19 @@ BATCH_SIZE = 2000
 
 @dataclass(frozen=True)
 class _InFlight:
-    """A batch whose insert runs on the inserter thread: committed once that finishes."""
+    """A batch whose insert runs on the inserter thread: its offsets are durable once that finishes."""
 
     insert: Future[None]
     batch: SinkBatch
-    offsets: dict[tuple[str, int], int]
+    offsets: Offsets
     started: float
     messages: int
 
 
-class SpanSink:
+class SpanSink(Work[SinkRow]):
+    """The sink's part of the consume loop (``consume_loop.py``): records decode to rows, a turn's rows are one
+    batch, and a batch's offsets are durable once its insert has finished."""
+
     def __init__(self, settings: Settings, ch: ClickHouse | None = None, codec: Codec | None = None,
                  batch_size: int = BATCH_SIZE, max_wait_s: float = 0.5) -> None:
         self.settings = settings
@@ -70,25 +84,30 @@ class SpanSink:
         self.ch = ch or ClickHouse(settings.resolved_clickhouse_dsn, role=ROLE, serves_api=True,
                                   limits=QueryLimits.from_settings(settings))
         self.ch.migrate()
-        self.batch_size = batch_size
-        self.max_wait_s = max_wait_s
-        self.stop_event = threading.Event()
         # `inserted` counts spans (what readiness checks look for); the other tables have their own counts.
         self.stats = {"inserted": 0, "events": 0, "triplets": 0, "dead_letters": 0, "undecodable": 0,
                       "batches": 0}
-        self._consumer = consumer(settings, group_id=f"{settings.topic_prefix}-span-sink",
-                                  **{"queued.max.messages.kbytes": PREFETCH_KB, "fetch.min.bytes": FETCH_MIN_BYTES,
-                                     "fetch.wait.max.ms": FETCH_WAIT_MS})
-        self._dlq = producer(settings)
+        c = consumer(settings, group_id=f"{settings.topic_prefix}-span-sink",
+                     **{"queued.max.messages.kbytes": PREFETCH_KB, "fetch.min.bytes": FETCH_MIN_BYTES,
+                        "fetch.wait.max.ms": FETCH_WAIT_MS})
+        spans = self.topics.spans
+        # The sink writes the dead letters of spans; rollout-events has them from the lifecycle processor and
+        # triplets from the trainer, so there it only counts them.
+        letters = DeadLetters(EventProducer(settings, role=ROLE, codec=self.codec), ROLE,
+                              route=lambda letter: letter.topic if letter.source_topic == spans else None)
         self._inserter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="span-sink-insert")
         self._in_flight: _InFlight | None = None
+        self._stored: Offsets = {}
         self.heartbeat = health.Heartbeat(settings.data_dir, ROLE, self.report)
+        self.loop = ConsumeLoop(c, list(sink_topics(self.topics)), self, letters, self.heartbeat,
+                                Fetch(max_records=batch_size, wait_s=max_wait_s, fill=True))
+        self.stop_event = self.loop.stop_event
 
     def report(self) -> Mapping[str, Any]:
         return dict(self.stats)
 
     def stop(self) -> None:
-        self.stop_event.set()
+        self.loop.stop()
 
     def serve_api(self, host: str = "127.0.0.1", port: int = 0) -> str:
         server = serve_queries(self.ch, host, port, actions={"/replay": self._replay_action})
@@ -102,82 +121,61 @@ class SpanSink:
         return rebuild_clickhouse(self.settings, self.ch, truncate=bool(body.get("truncate"))).summary()
 
     def run(self) -> None:
-        self._consumer.subscribe(list(sink_topics(self.topics)))
         try:
-            while not self.stop_event.is_set():
-                msgs = self._consumer.consume(num_messages=self.batch_size, timeout=self.max_wait_s)
-                if msgs:
-                    self.process(msgs)
-                else:
-                    self._complete()  # nothing new: finish the insert in flight now, not with the next batch
-                self.heartbeat.tick()
-            self._complete()
+            self.loop.run()
         finally:
             self._inserter.shutdown(wait=True)
-            self._consumer.close()
-            self._dlq.flush(10)
 
-    def process(self, msgs: list[Message]) -> None:
-        """Decode a batch and make its Arrow tables here, while the previous batch's insert runs on the inserter
-        thread (chDB inserts without holding the GIL); then finish that one (dead letters, offsets) and hand this
-        one over. One insert in flight at most, and a batch's offsets are committed only after its insert."""
+    # -- the loop's Work --------------------------------------------------------------------------------------
+
+    def decode(self, msg: Message) -> SinkRow:
+        return decode_row(self.topics, self.codec, str(msg.topic()), int(msg.partition() or 0),
+                          int(msg.offset() or 0), msg.value())
+
+    def apply(self, records: list[Record[SinkRow]], read: Offsets) -> None:
+        """Make this batch's Arrow tables here, while the previous batch's insert runs on the inserter thread
+        (chDB inserts without holding the GIL); then finish that one and hand this one over. One insert in
+        flight at most. Nothing new: finish the insert in flight now, not with the next batch."""
+        if not read:
+            self._complete()
+            return
         started = time.perf_counter()
-        batch, offsets = self._decode(msgs)
+        batch = SinkBatch(self.topics, self.codec, ROLE)
+        for r in records:
+            batch.append(r.decoded)
         tables = batch.tables()
         self._complete()
-        self._in_flight = _InFlight(self._inserter.submit(self._insert, tables), batch, offsets, started, len(msgs))
+        self._in_flight = _InFlight(self._inserter.submit(self._insert, tables), batch, read, started, len(records))
+
+    def durable(self, wait: bool) -> Offsets:
+        if wait:
+            self._complete()
+        return self._stored
+
+    def revoked(self, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self._stored.pop((tp.topic, tp.partition), None)
 
     def _insert(self, tables: list[tuple[str, Any]]) -> None:
         insert_tables(self.ch, tables)
         failpoint("span-sink.after-insert")  # fault tests: die with the rows stored and the offsets not committed
 
-    def _decode(self, msgs: list[Message]) -> tuple[SinkBatch, dict[tuple[str, int], int]]:
-        batch = SinkBatch(self.topics, self.codec, ROLE)
-        offsets: dict[tuple[str, int], int] = {}
-        for m in msgs:
-            err = m.error()
-            if err is not None:
-                if err.code() != KafkaError._PARTITION_EOF:
-                    log.warning("consume error: %s", err)
-                continue
-            topic, partition, offset = str(m.topic()), int(m.partition() or 0), int(m.offset() or 0)
-            offsets[(topic, partition)] = offset + 1
-            batch.add(topic, partition, offset, m.key(), m.value())
-        return batch, offsets
-
     def _complete(self) -> None:
-        """Wait for the insert in flight (its error is raised here), then dead-letter and commit its batch."""
+        """Wait for the insert in flight (its error is raised here); its batch's offsets are then durable."""
         flight, self._in_flight = self._in_flight, None
         if flight is None:
             return
         flight.insert.result()
-        self._committed(flight.batch, flight.offsets)
-        metrics.SINK_BATCH_SIZE.observe(flight.messages)
-        metrics.SINK_BATCH_SECONDS.observe(time.perf_counter() - flight.started)
-
-    def _committed(self, batch: SinkBatch, offsets: dict[tuple[str, int], int]) -> None:
-        counts = batch.counts()
-        # One dead letter per bad message: the sink writes those of spans; rollout-events has them from the
-        # lifecycle processor and triplets from the trainer, so there it only counts them.
-        letters = [lt for lt in batch.letters if lt.source_topic == self.topics.spans]
-        for letter in batch.letters:
-            log.warning("undecodable %s[%d]@%d: %s", letter.source_topic, letter.partition, letter.offset,
-                        letter.reason)
-        for letter in letters:
-            headers: Headers = list(letter.headers())
-            self._dlq.produce(letter.topic, key=letter.key, value=letter.value, headers=headers)
-            metrics.record_dead_letter(ROLE, letter.source_topic, letter.error_type)
-        if letters:
-            self._dlq.flush(30)
-        # Only now is every message of the batch durable (in ClickHouse or a dead letter): commit.
-        if offsets:
-            commit_sync(self._consumer, [TopicPartition(t, p, o) for (t, p), o in offsets.items()])
+        self._stored.update(flight.offsets)
+        counts = flight.batch.counts()
+        letters = self.loop.letters
+        self.stats.update(dead_letters=letters.written, undecodable=letters.seen)
         self.stats["inserted"] += counts[SPANS_TABLE]
         self.stats["events"] += counts[EVENTS_TABLE]
         self.stats["triplets"] += counts[TRIPLETS_TABLE]
-        self.stats["dead_letters"] += len(letters)
-        self.stats["undecodable"] += len(batch.letters)
         self.stats["batches"] += 1
+        metrics.SINK_BATCH_SIZE.observe(flight.messages)
+        metrics.SINK_BATCH_SECONDS.observe(time.perf_counter() - flight.started)
 
     def close(self) -> None:
         self.ch.close()

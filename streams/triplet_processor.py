@@ -18,15 +18,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeAlias
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
-from litstream.infra import health, metrics
-from litstream.infra.kafka import PartitionEnds, commit_sync, consumer, poll_batch
+from litstream.infra import health
+from litstream.infra.kafka import consumer
 from litstream.infra.metrics import StatSeries
 from litstream.infra.producer import EventProducer
 from litstream.infra.service import Service
@@ -36,7 +35,8 @@ from litstream.schemas.codec import DecodeError
 from litstream.schemas.events import EventMeta, RolloutSnapshot, SpanRecorded, TripletEmitted
 from litstream.schemas.policy_versions import parse_policy_version
 
-from .deadletter import DeadLetter
+from .consume_loop import ConsumeLoop, Fetch, Offsets, Partition, Record, Work
+from .deadletter import DeadLetter, DeadLetters, Rejected
 from .triplet_adapter import AdaptResult, TraceAdapter, TracerTraceToTriplet, Triplet, trace_spans
 from .triplet_buffer import Attempt, Collector, Limits, Notice
 
@@ -64,7 +64,13 @@ def _reason_kind(reason: str) -> str:
     return reason.split(":")[0].split(" among")[0].strip().replace(" ", "_")
 
 
-class TripletProcessor:
+Incoming: TypeAlias = SpanRecorded | RolloutSnapshot
+
+
+class TripletProcessor(Work[Incoming]):
+    """The processor's part of the consume loop (``consume_loop.py``): spans and snapshots fold into the
+    collector, ended attempts become triplets, and the collector's commit points are what is durable."""
+
     def __init__(self, settings: Settings, adapter: TraceAdapter | None = None, limits: Limits | None = None,
                  poll_s: float = 0.2) -> None:
         self.settings = settings
@@ -72,119 +78,88 @@ class TripletProcessor:
         # Calls without token ids are dropped before rewards are matched: a reward must land on a call that trains.
         self.adapter = adapter or TracerTraceToTriplet(skip_empty_token_spans=True)
         self.collector = Collector(limits)
-        self.poll_s = poll_s
-        self.stop_event = threading.Event()
         self.stats: dict[str, Any] = {"triplets": 0, "attempts": 0, "no_triplet": 0, "no_triplet_by_reason": {},
-                                      "late_spans": 0, "over_cap": 0, "buffer_full": 0, "orphan": 0,
-                                      "decode_errors": 0, "dead_letters": 0, "commits": 0}
+                                      "late_spans": 0, "over_cap": 0, "buffer_full": 0, "orphan": 0}
         self._orphans_checked_ms = 0
         self.events = EventProducer(settings, role=ROLE)
-        self._consumer: Consumer = consumer(settings, group_id=f"{settings.topic_prefix}-{ROLE}", **{
+        c = consumer(settings, group_id=f"{settings.topic_prefix}-{ROLE}", **{
             "enable.partition.eof": True,
             "partition.assignment.strategy": "range",  # co-partitioned topics: same partition numbers together
         })
-        self._ends = {self.topics.spans: PartitionEnds(), self.topics.state: PartitionEnds()}
-        self._committed: dict[tuple[str, int], int] = {}
+        dlq = self.topics.dlq(ROLE)
         self._dirty = False
-        self._assigned = False
-        self._paused: set[int] = set()
+        self._points: Offsets = {}
+        self._warming: set[int] = set()  # spans partitions held until their state partition's map is rebuilt
         self.heartbeat = health.Heartbeat(settings.data_dir, ROLE, self.report, BEAT_EVERY_S)
-
-    # -- partitions -----------------------------------------------------------------------------------------
-
-    def _forget_ends(self, partitions: list[TopicPartition]) -> None:
-        """An end reached under an earlier assignment says nothing about this one (see ``_spans_read_to_end``)."""
-        for topic, ends in self._ends.items():
-            ends.forget(tp.partition for tp in partitions if tp.topic == topic)
-
-    def _on_assign(self, c: Consumer, partitions: list[TopicPartition]) -> None:
-        self._forget_ends(partitions)
-        state = [tp for tp in partitions if tp.topic == self.topics.state]
-        committed = {tp.partition: tp.offset for tp in c.committed(state, timeout=30)} if state else {}
-        warm: list[TopicPartition] = []
-        for tp in partitions:
-            if tp.topic == self.topics.state:
-                start = max(committed.get(tp.partition, -1), 0)
-                self.collector.warm_until[tp.partition] = start
-                if start > 0:  # rebuild the map of ended attempts from the beginning, acting only past `start`
-                    tp.offset = OFFSET_BEGINNING
-                    warm.append(TopicPartition(self.topics.spans, tp.partition))
-        c.assign(partitions)
-        if warm:
-            c.pause(warm)  # spans wait until their state partition's map is rebuilt
-            self._paused |= {tp.partition for tp in warm}
-        self._assigned = True
-        log.info("assigned %s", sorted((tp.topic.rsplit(".", 1)[-1], tp.partition) for tp in partitions))
-
-    def _on_revoke(self, c: Consumer, partitions: list[TopicPartition]) -> None:
-        self._flush_and_commit()
-        self.collector.forget({tp.partition for tp in partitions})
-        self._forget_ends(partitions)
-        self._paused -= {tp.partition for tp in partitions}
-        self._committed = {k: v for k, v in self._committed.items() if k[1] not in {tp.partition for tp in partitions}}
-
-    # -- the loop -------------------------------------------------------------------------------------------
+        self.loop = ConsumeLoop(c, [self.topics.spans, self.topics.state], self,
+                                DeadLetters(self.events, ROLE, route=lambda _: dlq), self.heartbeat,
+                                Fetch(wait_s=poll_s), track_ends=True)
+        self.stop_event = self.loop.stop_event
 
     def run(self) -> None:
-        self._consumer.subscribe([self.topics.spans, self.topics.state], on_assign=self._on_assign,
-                                 on_revoke=self._on_revoke)
-        try:
-            while not self.stop_event.is_set():
-                for msg in poll_batch(self._consumer, self.poll_s):
-                    self._handle(msg)
-                self._finalize_ready()
-                if self._dirty:
-                    self._flush_and_commit()
-                if self._assigned:  # beats say the partitions are being read
-                    self.heartbeat.tick()
-        finally:
-            try:
-                self._flush_and_commit()
-            finally:
-                self._consumer.close()
+        self.loop.run()
 
     def stop(self) -> None:
-        self.stop_event.set()
+        self.loop.stop()
 
     def report(self) -> Mapping[str, Any]:
-        c = self.collector
-        return {**self.stats, **c.counts, "buffered_attempts": len(c.pending), "buffered_spans": c.buffered_spans,
+        c, letters = self.collector, self.loop.letters
+        return {**self.stats, **c.counts, "dead_letters": letters.seen, "decode_errors": letters.kinds["decode"],
+                "commits": self.loop.commits, "buffered_attempts": len(c.pending), "buffered_spans": c.buffered_spans,
                 "buffered_bytes": c.buffer_bytes}
 
-    def _handle(self, msg: Message) -> None:
-        topic, partition = str(msg.topic()), int(msg.partition() or 0)
-        err = msg.error()
-        if err is not None and err.code() != KafkaError._PARTITION_EOF:
-            log.warning("consume error: %s", err)
-            return
-        if not self._ends[topic].record(msg):
-            if topic == self.topics.state and not self.collector.warming(partition):
-                self._resume_spans(partition)
-            return
-        offset, value = int(msg.offset() or 0), msg.value() or b""
-        ts_ms = int(msg.timestamp()[1])
-        self._dirty = True
-        try:
-            record = self.events.codec.decode(value)
-        except DecodeError as exc:
-            self._letter(DeadLetter(topic, partition, offset, msg.key(), value, exc.reason, ROLE, "decode"))
-            self.stats["decode_errors"] += 1
-            return
-        if topic == self.topics.spans and isinstance(record, SpanRecorded):
-            for notice in self.collector.add_span(partition, offset, ts_ms, record, value):
-                self._notice(notice)
-        elif topic == self.topics.state and isinstance(record, RolloutSnapshot):
-            self.collector.add_snapshot(partition, offset, ts_ms, record)
-            if not self.collector.warming(partition):
-                self._resume_spans(partition)
-        else:
-            self._letter(DeadLetter(topic, partition, offset, msg.key(), value,
-                                    f"{type(record).__name__} does not belong on {topic}", ROLE, "invalid"))
+    # -- the loop's Work --------------------------------------------------------------------------------------
 
-    def _resume_spans(self, partition: int) -> None:
-        if partition in self._paused:
-            self._paused.discard(partition)
-            self._consumer.resume([TopicPartition(self.topics.spans, partition)])
+    def assigned(self, c: Consumer, partitions: list[TopicPartition]) -> None:
+        state = [tp for tp in partitions if tp.topic == self.topics.state]
+        committed = {tp.partition: tp.offset for tp in c.committed(state, timeout=30)} if state else {}
+        for tp in state:
+            start = max(committed.get(tp.partition, -1), 0)
+            self.collector.warm_until[tp.partition] = start
+            if start > 0:  # rebuild the map of ended attempts from the beginning, acting only past `start`
+                tp.offset = OFFSET_BEGINNING
+                self._warming.add(tp.partition)
+
+    def holding(self, assignment: frozenset[Partition]) -> frozenset[Partition]:
+        self._warming = {p for p in self._warming if self.collector.warming(p)}
+        return frozenset((self.topics.spans, p) for p in self._warming)
+
+    def revoked(self, partitions: list[TopicPartition]) -> None:
+        gone = {tp.partition for tp in partitions}
+        self.collector.forget(gone)
+        self._warming -= gone
+        self._points = {k: v for k, v in self._points.items() if k[1] not in gone}
+
+    def decode(self, msg: Message) -> Incoming:
+        topic = str(msg.topic())
+        try:
+            record = self.events.codec.decode(msg.value() or b"")
+        except DecodeError as exc:
+            raise Rejected(exc.reason, "decode") from exc
+        wanted = SpanRecorded if topic == self.topics.spans else RolloutSnapshot
+        if not isinstance(record, wanted):
+            raise Rejected(f"{type(record).__name__} does not belong on {topic}", "invalid")
+        return record
+
+    def apply(self, records: list[Record[Incoming]], read: Offsets) -> None:
+        self._dirty |= bool(read)
+        for r in records:
+            if isinstance(r.decoded, SpanRecorded):
+                for notice in self.collector.add_span(r.partition, r.offset, r.timestamp_ms, r.decoded, r.value):
+                    self._notice(notice)
+            else:
+                self.collector.add_snapshot(r.partition, r.offset, r.timestamp_ms, r.decoded)
+        self._finalize_ready()
+
+    def durable(self, wait: bool) -> Offsets:
+        """Triplets and dead letters on Kafka, then never past what a buffered attempt still needs."""
+        if self._dirty:
+            self.events.flush()
+            spans, state = self.collector.commit_points()
+            self._points = {**{(self.topics.spans, p): o for p, o in spans.items()},
+                            **{(self.topics.state, p): o for p, o in state.items()}}
+            self._dirty = False
+        return self._points
 
     # -- finalizing -----------------------------------------------------------------------------------------
 
@@ -211,14 +186,14 @@ class TripletProcessor:
         fetch response, which for a partition fetched with that snapshot counts those spans. The flags are dropped
         with every revoke and assign: after a lost session the partition comes back at its committed offset, and a
         flag from before would finalize attempts whose spans are not fetched yet (seen under load)."""
-        ends = self._ends[self.topics.spans]
+        ends = self.loop.ends[self.topics.spans]
         if partition not in ends.at_end:
             return False
         tp = TopicPartition(self.topics.spans, partition)
-        _, high = self._consumer.get_watermark_offsets(tp, cached=True)
+        _, high = self.loop.consumer.get_watermark_offsets(tp, cached=True)
         if high < 0:  # no fetch response seen for it yet: only the end-of-partition event to go by
             return True
-        [pos] = self._consumer.position([tp])
+        [pos] = self.loop.consumer.position([tp])
         # No record consumed under this assignment yet: the end-of-partition event's offset is the position.
         position = pos.offset if pos.offset >= 0 else ends.eof_offset.get(partition, -1)
         return position >= high
@@ -286,29 +261,9 @@ class TripletProcessor:
         self._letter(DeadLetter(self.topics.spans, a.partition, offset, a.rollout_id.encode(), value, reason, ROLE,
                                 kind), a)
 
-    def _letter(self, letter: DeadLetter, attempt: Attempt | None = None) -> None:
-        self.stats["dead_letters"] += 1
-        metrics.record_dead_letter(ROLE, letter.source_topic, letter.error_type)
-        log.warning("dead letter (%s) %s[%d]@%d: %s", letter.error_type, letter.source_topic, letter.partition,
-                    letter.offset, letter.reason)
-        headers = letter.headers()
-        if attempt is not None:
-            headers += [("litstream.rollout_id", attempt.rollout_id.encode()),
-                        ("litstream.attempt_id", attempt.attempt_id.encode())]
-        self.events.produce_raw(self.topics.dlq(ROLE), letter.key, letter.value, headers=headers)
-
-    # -- commits --------------------------------------------------------------------------------------------
-
-    def _flush_and_commit(self) -> None:
-        self.events.flush()  # triplets and dead letters are on Kafka before any offset moves
-        spans, state = self.collector.commit_points()
-        offsets = [TopicPartition(self.topics.spans, p, o) for p, o in spans.items()]
-        offsets += [TopicPartition(self.topics.state, p, o) for p, o in state.items()]
-        changed = [tp for tp in offsets if self._committed.get((tp.topic, tp.partition)) != tp.offset]
-        if changed and commit_sync(self._consumer, changed):
-            self._committed.update({(tp.topic, tp.partition): tp.offset for tp in changed})
-            self.stats["commits"] += 1
-        self._dirty = False
+    def _letter(self, letter: DeadLetter, attempt: Attempt) -> None:
+        self.loop.letters.send(letter, [("litstream.rollout_id", attempt.rollout_id.encode()),
+                                        ("litstream.attempt_id", attempt.attempt_id.encode())])
 
 
 TRIPLET_SERIES = {

@@ -188,7 +188,7 @@ def test_sampling_at_a_temperature_is_on_policy_when_the_learner_scores_at_it(
 
 def test_the_trainer_scores_at_the_temperature_it_publishes() -> None:
     from litstream.trainer.learner import LearnerConfig
-    from litstream.trainer.service import TrainerConfig
+    from litstream.trainer.process import TrainerConfig
 
     cfg = TrainerConfig(sampling={"temperature": 0.5, "max_tokens": 16}, learner=LearnerConfig(lr=1e-5))
     assert cfg.learner_config().temperature == 0.5 and cfg.learner_config().lr == 1e-5

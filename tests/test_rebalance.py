@@ -84,17 +84,17 @@ def test_a_spans_partition_assigned_again_is_not_read_to_the_end_before_it_is_fe
     topics = [spans, processor.topics.state]
     group = f"{settings.topic_prefix}-triplets"
     raw = producer(settings)
-    c = processor._consumer
+    c = processor.loop.consumer
     at_end_when_assigned: list[bool] = []
 
     def on_assign(cons: Consumer, partitions: list[TopicPartition]) -> None:
-        processor._on_assign(cons, partitions)
+        processor.loop.on_assign(cons, partitions)
         if TopicPartition(spans, 0) in partitions:  # assigned, nothing fetched yet
             at_end_when_assigned.append(processor._spans_read_to_end(0))
 
     def serve(until_eof: bool = False) -> bool:
         for msg in c.consume(100, 0.1):
-            processor._ends[str(msg.topic())].record(msg)
+            processor.loop.ends[str(msg.topic())].record(msg)
             err = msg.error()
             if (until_eof and msg.topic() == spans and msg.partition() == 0 and err is not None
                     and err.code() == KafkaError._PARTITION_EOF):
@@ -104,7 +104,7 @@ def test_a_spans_partition_assigned_again_is_not_read_to_the_end_before_it_is_fe
     try:
         raw.produce(spans, key=b"k", value=b"a span", partition=0)
         raw.flush(10)
-        c.subscribe(topics, on_assign=on_assign, on_revoke=processor._on_revoke)
+        c.subscribe(topics, on_assign=on_assign, on_revoke=processor.loop.on_revoke)
         deadline = time.monotonic() + 60
         while not serve(until_eof=True):
             assert time.monotonic() < deadline, "no end-of-partition event"

@@ -244,8 +244,8 @@ def test_spans_appended_after_the_end_was_reached_are_waited_for(settings: Setti
     def pump(until_eof: bool) -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            for msg in processor._consumer.consume(100, 0.1):
-                processor._ends[str(msg.topic())].record(msg)
+            for msg in processor.loop.consumer.consume(100, 0.1):
+                processor.loop.ends[str(msg.topic())].record(msg)
                 err = msg.error()
                 if (until_eof and msg.topic() == spans_topic and msg.partition() == 0 and err is not None
                         and err.code() == KafkaError._PARTITION_EOF):
@@ -255,15 +255,15 @@ def test_spans_appended_after_the_end_was_reached_are_waited_for(settings: Setti
     try:
         raw.produce(spans_topic, key=b"k", value=b"first", partition=0)
         raw.flush(10)
-        processor._consumer.subscribe([spans_topic, processor.topics.state], on_assign=processor._on_assign)
+        processor.loop.consumer.subscribe([spans_topic, processor.topics.state], on_assign=processor.loop.on_assign)
         pump(until_eof=True)
         assert processor._spans_read_to_end(0)
         raw.produce(spans_topic, key=b"k", value=b"second", partition=0)
         raw.flush(10)
         time.sleep(1.5)  # the client fetches it into its queue (and learns the new end); nothing is consumed
-        assert 0 in processor._ends[spans_topic].at_end  # the flag alone would say "at the end"
+        assert 0 in processor.loop.ends[spans_topic].at_end  # the flag alone would say "at the end"
         assert not processor._spans_read_to_end(0)
         pump(until_eof=True)
         assert processor._spans_read_to_end(0)
     finally:
-        processor._consumer.close()
+        processor.loop.consumer.close()

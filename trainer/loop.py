@@ -1,6 +1,6 @@
 """The closed loop in one process: engine generates -> reward -> windows -> learner step -> checkpoint -> the
-engine takes the new version. The Kafka trainer service does the same with the generation and the reward on the
-far side of the topics; this is its reference and the toy task's measurement.
+engine takes the new version. The trainer process (``process.py``) does the same with the generation and the reward
+on the far side of the topics; this is its reference and the toy task's measurement.
 
     python -m litstream.trainer.loop --steps 30 --out /tmp/loop
 """

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -22,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 
 from litstream.infra import health, metrics
-from litstream.infra.kafka import consumer, poll_batch
+from litstream.infra.kafka import consumer
 from litstream.infra.metrics import StatSeries
 from litstream.infra.producer import EventProducer
 from litstream.infra.service import Service
@@ -33,7 +32,8 @@ from litstream.infra.settings import Settings
 from litstream.schemas.codec import DecodeError
 from litstream.schemas.events import NamedResourceRecord, ResourcesPublished, TripletEmitted
 from litstream.schemas.policy_versions import POLICY_RESOURCE, policy_resources_id
-from litstream.streams.deadletter import DeadLetter
+from litstream.streams.consume_loop import ConsumeLoop, Fetch, Offsets, Record, Work
+from litstream.streams.deadletter import DeadLetters, Rejected
 
 from . import toy_task
 from .checkpoint import checkpoint_extra, latest_checkpoint
@@ -75,18 +75,21 @@ class TrainerConfig:
                             max_seconds=self.max_seconds, max_staleness=self.max_staleness)
 
 
-class TrainerService:
+class TrainerProcess(Work[TripletEmitted]):
+    """The trainer's part of the consume loop (``streams/consume_loop.py``): triplets fill windows, a full window
+    is a step and a checkpoint, and the positions a checkpoint holds are what is durable."""
+
     def __init__(self, settings: Settings, cfg: TrainerConfig | None = None) -> None:
         self.settings = settings
         self.cfg = cfg or TrainerConfig()
         self.root = self.cfg.checkpoint_dir or settings.data_dir / "checkpoints"
         self.events = EventProducer(settings, role=ROLE)
         self.topics = self.events.topics
-        self.stop_event = threading.Event()
         self.metrics_path = settings.data_dir / METRICS_FILE
-        self.counters = {"steps": 0, "triplets": 0, "dead_letters": 0, "version": 0, "waiting_s": 0.0,
+        self.counters = {"steps": 0, "triplets": 0, "version": 0, "waiting_s": 0.0,
                          "training_s": 0.0, "lag": 0.0, "flat_groups": 0, "groups": 0}
         self.positions: dict[int, int] = {}  # partition -> next offset to read
+        self._checkpointed: Offsets = {}  # the positions the newest checkpoint holds
         self.vllm = VllmEngine(self.cfg.vllm_url, f"{self.cfg.policy}-policy") if self.cfg.vllm_url else None
         torch.manual_seed(self.cfg.seed)
         latest = latest_checkpoint(self.root)
@@ -108,18 +111,24 @@ class TrainerService:
         self.counters["version"] = self.learner.version
         self._last_step_end = time.monotonic()
         self.heartbeat = health.Heartbeat(settings.data_dir, ROLE, self.report, every_s=1.0)
+        c = consumer(settings, group_id=f"{settings.topic_prefix}-trainer")
+        self.loop = ConsumeLoop(c, [self.topics.triplets], self, DeadLetters(self.events, ROLE), self.heartbeat,
+                                Fetch(max_records=512, wait_s=0.2))
+        self.stop_event = self.loop.stop_event
 
     def report(self) -> Mapping[str, Any]:
-        return {**self.counters, **self.windower.stats.as_dict()}
+        return {**self.counters, "dead_letters": self.loop.letters.seen, **self.windower.stats.as_dict()}
 
     def stop(self) -> None:
-        self.stop_event.set()
+        self.loop.stop()
 
     # --- publishing ---------------------------------------------------------------------------------------
 
     def _save(self) -> Path:
         extra = {"positions": {str(p): o for p, o in self.positions.items()}, "window": self.windower.snapshot()}
-        return self.learner.save(self.root, keep_last=self.cfg.keep_last, extra=extra, keep_every=self.cfg.keep_every)
+        path = self.learner.save(self.root, keep_last=self.cfg.keep_last, extra=extra, keep_every=self.cfg.keep_every)
+        self._checkpointed = {(self.topics.triplets, p): o for p, o in self.positions.items()}
+        return path
 
     def resource(self) -> NamedResourceRecord:
         version, path = self.learner.version, self.path.resolve()
@@ -151,50 +160,54 @@ class TrainerService:
 
     # --- consuming ----------------------------------------------------------------------------------------
 
-    def _on_assign(self, c: Consumer, partitions: list[TopicPartition]) -> None:
+    def run(self) -> None:
+        self.publish()
+        metrics.mark_ready()
+        try:
+            self.loop.run()
+        finally:
+            self.events.flush()
+
+    # --- the loop's Work ----------------------------------------------------------------------------------
+
+    def assigned(self, c: Consumer, partitions: list[TopicPartition]) -> None:
         # The checkpoint, not the group's committed offsets, says where training stopped.
         for tp in partitions:
             if tp.partition in self.positions:
                 tp.offset = self.positions[tp.partition]
-        c.assign(partitions)
 
-    def run(self) -> None:
-        self.publish()
-        metrics.mark_ready()
-        c = consumer(self.settings, group_id=f"{self.settings.topic_prefix}-trainer")
-        c.subscribe([self.topics.triplets], on_assign=self._on_assign)
+    def decode(self, msg: Message) -> TripletEmitted:
         try:
-            while not self.stop_event.is_set():
-                if self._done():
-                    break
-                for m in poll_batch(c, 0.2, 512):
-                    if m.error() is not None:
-                        continue
-                    partition, offset = int(m.partition() or 0), int(m.offset() or 0)
-                    self.positions[partition] = offset + 1
-                    try:
-                        t = self.events.codec.decode_as(m.value(), TripletEmitted)
-                    except DecodeError as exc:
-                        self._dead_letter(m.topic(), partition, offset, m.key(), m.value(), exc.reason)
-                        continue
-                    self.counters["triplets"] += 1
-                    window = self.windower.add(t, time.monotonic())
-                    if window is not None:
-                        self.train(window, c)
-                        if self._done():
-                            break
-                window = self.windower.poll(time.monotonic()) if not self._done() else None
-                if window is not None:
-                    self.train(window, c)
-                self.heartbeat.tick()
-        finally:
-            c.close()
-            self.events.flush()
+            return self.events.codec.decode_as(msg.value(), TripletEmitted)
+        except DecodeError as exc:
+            raise Rejected(exc.reason, "decode") from exc
+
+    def apply(self, records: list[Record[TripletEmitted]], read: Offsets) -> None:
+        for r in records:
+            self.positions[r.partition] = r.offset + 1
+            self.counters["triplets"] += 1
+            if not self._train(self.windower.add(r.decoded, time.monotonic())):
+                return
+        self.positions.update({p: o for (_, p), o in read.items()})  # past the turn's dead letters too
+        self._train(self.windower.poll(time.monotonic()))
+
+    def _train(self, window: Window | None) -> bool:
+        """Train on a closed window; False once the last step is taken (the loop then stops)."""
+        if window is not None:
+            self.train(window)
+        if self._done():
+            self.loop.stop()
+            return False
+        return True
+
+    def durable(self, wait: bool) -> Offsets:
+        """Progress for operators only: a restart seeks to the positions of its checkpoint."""
+        return self._checkpointed
 
     def _done(self) -> bool:
         return self.cfg.max_steps is not None and self.counters["steps"] >= self.cfg.max_steps
 
-    def train(self, window: Window, c: Consumer | None = None) -> StepStats | None:
+    def train(self, window: Window) -> StepStats | None:
         if not window.groups:
             return None
         waited = time.monotonic() - self._last_step_end
@@ -207,9 +220,6 @@ class TrainerService:
         save_s = time.perf_counter() - t0
         self.windower.set_version(self.learner.version)
         reload_s = self.publish()
-        if c is not None:  # progress for operators; the checkpoint holds the positions that count
-            c.commit(offsets=[TopicPartition(self.topics.triplets, p, o) for p, o in self.positions.items()],
-                     asynchronous=True)
         self.counters["steps"] += 1
         self.counters["version"] = self.learner.version
         self.counters["waiting_s"] += waited
@@ -227,13 +237,6 @@ class TrainerService:
                  stats.version, stats.samples, stats.groups, stats.reward_mean, stats.loss, stats.seconds, waited)
         self._last_step_end = time.monotonic()
         return stats
-
-    def _dead_letter(self, topic: Any, partition: int, offset: int, key: Any, value: Any, reason: str) -> None:
-        letter = DeadLetter(str(topic), partition, offset, key, value, reason, ROLE, "decode")
-        log.warning("dead letter %s[%d]@%d: %s", letter.source_topic, partition, offset, reason)
-        self.events.produce_raw(letter.topic, key, value, headers=letter.headers())
-        self.counters["dead_letters"] += 1
-        metrics.record_dead_letter(ROLE, letter.source_topic, letter.error_type)
 
 
 def _observe_step(stats: StepStats) -> None:
@@ -262,8 +265,8 @@ def run(settings: Settings, cfg: TrainerConfig | None = None) -> None:
     Service(settings, ROLE, TRAINER_SERIES, ready_when_built=False).run(lambda s: start_trainer(s, cfg))
 
 
-def start_trainer(settings: Settings, cfg: TrainerConfig | None) -> TrainerService:
+def start_trainer(settings: Settings, cfg: TrainerConfig | None) -> TrainerProcess:
     torch.set_num_threads(1)
-    service = TrainerService(settings, cfg)
-    metrics.POLICY_VERSION.set(service.learner.version)
-    return service
+    trainer = TrainerProcess(settings, cfg)
+    metrics.POLICY_VERSION.set(trainer.learner.version)
+    return trainer

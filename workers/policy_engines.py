@@ -2,7 +2,7 @@
 published version.
 
 A trained policy is published as an LLM resource with ``version`` and ``checkpoint`` (see
-``trainer/service.py``). With a ``torch://`` endpoint the engine runs in this process and loads each new
+``trainer/process.py``). With a ``torch://`` endpoint the engine runs in this process and loads each new
 version's weights itself, once, when the first attempt that names it arrives; with an ``http(s)://`` endpoint
 (a vLLM server) the trainer has already swapped the server's weights and the engine only sends requests.
 """

@@ -34,7 +34,7 @@ from .gauges import register_gateway_gauges
 
 HERE = Path(__file__).parent
 ROLES = ("lifecycle", "span-sink", "triplets", "trainer", "gateway", "runner")
-TRAINER_METRICS_FILE = "trainer-metrics.jsonl"  # written by the trainer (trainer/service.py METRICS_FILE)
+TRAINER_METRICS_FILE = "trainer-metrics.jsonl"  # written by the trainer (trainer/process.py METRICS_FILE)
 ROLLOUT_ID = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
 SQL_ROW_LIMIT = 1000
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
