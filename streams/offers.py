@@ -35,6 +35,7 @@ OFFER_READ_AHEAD = 4096
 OFFER_WAIT_S = 2.0
 OFFER_ORDER_WAIT_S = 0.5
 OFFER_IDLE_S = 10.0  # a store that served no dequeue for this long leaves the runners' group
+OFFER_COMMIT_EVERY_S = 0.2  # handled offers are committed together, at most this late
 OFFER_HOLD_POLL_S = 0.1  # how long one poll of a member with every partition paused waits
 
 Taken = tuple[RolloutOffered, tuple[int, int]]  # an offer and its (partition, offset)
@@ -127,7 +128,7 @@ class OfferReader:
     not for several threads at once), so a dequeue never waits for a thread of a shared pool."""
 
     def __init__(self, settings: Settings, codec: Codec, rollouts: RolloutReplica, *,
-                 read_ahead: int = OFFER_READ_AHEAD, leave_when_idle: bool = True,
+                 read_ahead: int = OFFER_READ_AHEAD, leave_when_idle: bool = True, role: str = "store",
                  on_undecodable: Callable[[DeadLetter], None] = lambda _letter: None) -> None:
         self._settings = settings
         self.codec = codec
@@ -135,6 +136,7 @@ class OfferReader:
         self.topic = Topics(settings.topic_prefix).offers
         self.read_ahead = read_ahead
         self.leave_when_idle = leave_when_idle  # a runner's member stays: the group is how runners share offers
+        self.role = role  # names the reader in its dead letters
         self.on_undecodable = on_undecodable
         self._consumer: Any = None
         self._gate: Backpressure | None = None  # pauses the assignment while the claimant is busy (``hold``)
@@ -151,6 +153,9 @@ class OfferReader:
         # partition is this consumer's (``_offer_own_enqueues``), without waiting for the processor's offer.
         self._enqueued_here: deque[tuple[RolloutEnqueued, int]] = deque(maxlen=OFFER_READ_AHEAD)
         self._own = 0
+        self._to_commit: dict[int, int] = {}  # partition -> position, committed together (``_commit``)
+        self._commit_due = False
+        self._commit_lock = threading.Lock()
 
     def enqueued_here(self, event: RolloutEnqueued, partition: int) -> None:
         """The broker holds a rollout this store enqueued (any thread)."""
@@ -203,6 +208,7 @@ class OfferReader:
 
     async def close(self) -> None:
         if self._consumer is not None:
+            await asyncio.get_running_loop().run_in_executor(self._thread, self._commit_now)
             await asyncio.get_running_loop().run_in_executor(self._thread, self._consumer.close)
         self._thread.shutdown(wait=False)
 
@@ -239,6 +245,7 @@ class OfferReader:
     def _leave(self) -> None:
         if self._consumer is None or self._in_use:
             return
+        self._commit_now()
         leaving, self._consumer, self._gate = self._consumer, None, None
         try:
             leaving.close()  # commits nothing of its own (auto commit is off) and leaves the group at once
@@ -248,19 +255,40 @@ class OfferReader:
         self._heard, self._all_heard = set(), False
 
     def _commit(self, positions: dict[int, int]) -> None:
-        """Commit the offers consumer's positions on its thread, not waited for: a lost commit only means an
-        offer read again after a restart, whose claim the processor refuses as stale."""
+        """Commit the offers consumer's positions within ``OFFER_COMMIT_EVERY_S``, not waited for, several
+        dequeues' at once (a commit is a write on the broker): a commit lost or late only means an offer read
+        again by the partition's next owner, who drops it as stale or whose claim the fold refuses."""
+        if not positions:
+            return
+        with self._commit_lock:
+            self._to_commit.update(positions)
+            if self._commit_due:
+                return
+            self._commit_due = True
+        timer = threading.Timer(OFFER_COMMIT_EVERY_S, self._commit_soon)
+        timer.daemon = True
+        timer.start()
+
+    def _commit_soon(self) -> None:
+        try:
+            self._thread.submit(self._commit_now)
+        except RuntimeError:  # closed meanwhile: close() committed what was due
+            pass
+
+    def _commit_now(self, partitions: Iterable[int] | None = None) -> None:
+        """Commit what is due (of ``partitions`` only, when given), on the offers thread."""
+        with self._commit_lock:
+            chosen = set(self._to_commit) if partitions is None else set(partitions) & set(self._to_commit)
+            positions = {p: self._to_commit.pop(p) for p in chosen}
+            if partitions is None:
+                self._commit_due = False
         if not positions or self._consumer is None:
             return
-        tps = [TopicPartition(self.topic, p, o) for p, o in positions.items()]
-
-        def commit() -> None:
-            try:
-                self._consumer.commit(offsets=tps, asynchronous=True)
-            except Exception as exc:  # noqa: BLE001 - see above
-                log.warning("committing offers %s failed: %s", positions, exc)
-
-        self._thread.submit(commit)
+        try:
+            self._consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in positions.items()],
+                                  asynchronous=True)
+        except Exception as exc:  # noqa: BLE001 - see above
+            log.warning("committing offers %s failed: %s", positions, exc)
 
     def _next(self, limit: int) -> list[tuple[RolloutOffered, tuple[int, int]]]:
         """Up to ``limit`` offers with their (partition, offset), the oldest first across every partition this
@@ -341,6 +369,7 @@ class OfferReader:
         self._ledger.taken(taken)
 
     def _partitions_moved(self, _c: Any, partitions: list[TopicPartition]) -> None:
+        self._commit_now(tp.partition for tp in partitions)  # revoked: their next owner starts from here
         self._ends.forget(tp.partition for tp in partitions)
         self._ledger.forget(tp.partition for tp in partitions)
         self._queue.forget(tp.partition for tp in partitions)
@@ -354,5 +383,5 @@ class OfferReader:
             return self.codec.decode_as(msg.value(), RolloutOffered)
         except DecodeError as exc:
             self.on_undecodable(DeadLetter(self.topic, where[0], where[1], msg.key(), msg.value(), exc.reason,
-                                           "offers", "decode"))
+                                           self.role, "decode"))
             return None

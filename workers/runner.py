@@ -73,7 +73,7 @@ class Runner:
         # The claim protocol the store uses too; the replica answering the claims keeps few finished rollouts.
         log_writer = LogWriter(settings, claim_wait_s, role=ROLE, keep_finished=RUNNER_KEEP_FINISHED)
         offers = OfferReader(settings, log_writer.codec, log_writer.rollouts, read_ahead=max(2 * concurrency, 16),
-                             leave_when_idle=False, on_undecodable=log_writer.dead_letter)
+                             leave_when_idle=False, role=ROLE, on_undecodable=log_writer.dead_letter)
         self.claims = Claims(log_writer, offers)
         self.resources = ResourcesView(settings, self.events.codec)
         self._resources_caught_up = False
@@ -124,7 +124,6 @@ class Runner:
             log.info("%s (stopped)", self.progress.line())
             await self.claims.offers.close()
             await self.claims.log.close()
-            self.events.close()
 
     async def _claim(self, limit: int) -> list[RolloutSnapshot]:
         """The snapshots of the claims that won, out of up to ``limit`` offers."""
