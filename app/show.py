@@ -101,7 +101,7 @@ def print_rollout(console: Console, snap: RolloutSnapshot, spans: QueryResult | 
 
 def cancel_rollout(settings: Settings, rollout_id: str) -> str:
     """Ask the lifecycle processor to cancel a rollout; its status afterwards, or ValueError with its reason."""
-    from litstream.streams.store import LitStore
+    from litstream.workers.store import LitStore
 
     async def run() -> str:
         store = LitStore(settings, wait_s=15.0)

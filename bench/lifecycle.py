@@ -24,7 +24,7 @@ from litstream.infra.kafka import create_topics
 from litstream.infra.runtime import tune_gc_for_service
 from litstream.infra.settings import Settings
 from litstream.schemas.models import AttemptedRollout
-from litstream.streams.store import LitStore
+from litstream.workers.store import LitStore
 
 from .harness import AGL_REQUIREMENT, Context, Row, run_agl_reference
 

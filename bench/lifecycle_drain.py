@@ -27,7 +27,7 @@ from typing import Any
 
 from litstream.app.stack import Stack
 from litstream.schemas.models import EnqueueRolloutRequest
-from litstream.streams.store import LitStore
+from litstream.workers.store import LitStore
 
 from .lifecycle import embedded_broker
 from .processes import cpu_of

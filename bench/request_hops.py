@@ -29,7 +29,7 @@ from litstream.app.stack import Stack
 from litstream.schemas.codec import DecodeError
 from litstream.schemas.events import RolloutSnapshot
 from litstream.streams import views
-from litstream.streams.store import LitStore
+from litstream.workers.store import LitStore
 
 from .lifecycle import embedded_broker, in_flight, open_store, percentile
 from .lifecycle_drain import _Steps, profiled

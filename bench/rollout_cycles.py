@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from litstream.schemas.models import EnqueueRolloutRequest
-from litstream.streams.store import LitStore
+from litstream.workers.store import LitStore
 
 from .harness import Context, Report, Row, rate_row
 from .lifecycle import AGL, agl_baseline, claim, in_flight, open_store, pipeline, rate

@@ -28,8 +28,8 @@ from litstream.app.stack import Stack
 from litstream.infra import clickhouse
 from litstream.infra.broker import free_port
 from litstream.infra.settings import Settings
-from litstream.streams.store import LitStore
 from litstream.workers.otel import KafkaSpanProcessor
+from litstream.workers.store import LitStore
 
 from .agl_reference import make_span, otel_tracer
 from .harness import Context, Report, Row, rate_row

@@ -191,7 +191,7 @@ def test_enqueue_pins_the_latest_resources(processor_running: Settings) -> None:
 
     from litstream.schemas.models import LLM
     from litstream.streams.stateview import StateView
-    from litstream.streams.store import LitStore
+    from litstream.workers.store import LitStore
 
     async def publish() -> str:
         store = LitStore(processor_running)

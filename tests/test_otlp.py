@@ -32,8 +32,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from litstream.infra import metrics
 from litstream.infra.broker import free_port
 from litstream.infra.settings import Settings
-from litstream.streams.store import LitStore
 from litstream.workers.otlp import ATTEMPT_ID, ROLLOUT_ID, SEQUENCE_ID, OtlpError, add_otlp_routes, gunzip
+from litstream.workers.store import LitStore
 
 MAX_BODY = 64 << 10
 PROTOBUF, JSON = "application/x-protobuf", "application/json"

@@ -16,10 +16,10 @@ from litstream.schemas.codec import Codec
 from litstream.schemas.events import SpanRecorded
 from litstream.schemas.models import FINISHED, LLM, AttemptedRollout, NamedResources, ProxyLLM, RolloutConfig
 from litstream.streams.rollout_replica import RolloutReplica
-from litstream.streams.store import LitStore
 from litstream.workers.agent import LitAgent, as_agent, litagent
 from litstream.workers.runner import Runner
 from litstream.workers.sdk import AttemptContext
+from litstream.workers.store import LitStore
 
 
 class Background:

@@ -61,7 +61,7 @@ def test_readonly_is_the_last_setting() -> None:
 
 
 def test_the_store_binds_every_value_of_a_spans_query() -> None:
-    from litstream.streams.store import _spans_sql
+    from litstream.workers.store import _spans_sql
 
     tricky = "ro-1' OR '1'='1"
     sql, parameters = _spans_sql(tricky, "at-1", "or", SpanName=("chat", "x'"), TraceId=(None, None))

@@ -13,7 +13,7 @@ from litstream.app.stack import Stack
 from litstream.infra.settings import Settings
 from litstream.schemas.models import LLM, EnqueueRolloutRequest, PromptTemplate, RolloutConfig, Span
 from litstream.streams import offers as offers_module
-from litstream.streams.store import LitStore
+from litstream.workers.store import LitStore
 
 
 def run(coro: Any) -> Any:

@@ -47,7 +47,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 from litstream.infra import metrics
 from litstream.schemas.events import AttrValue
 from litstream.schemas.models import AttributeValue
-from litstream.streams.store import LitStore, StoreError
+from litstream.workers.store import LitStore, StoreError
 
 from .attributes import attributes_bytes, check_span_attributes
 from .otel import with_token_aliases

@@ -48,16 +48,15 @@ from litstream.schemas.models import (
     new_resources_id,
     new_rollout_id,
 )
-
-from .claims import Claims
-from .log_writer import LogWriter, StoreError
-from .offers import OfferReader
-from .resources import to_records
-from .rollout_replica import Folded
-from .span_writer import SpanWriter
-from .state import rollout_from_snapshot
-from .views import ResourcesView, WorkersView
-from .worker_fold import attempt_observations
+from litstream.streams.claims import Claims
+from litstream.streams.log_writer import LogWriter, StoreError
+from litstream.streams.offers import OfferReader
+from litstream.streams.resources import to_records
+from litstream.streams.rollout_replica import Folded
+from litstream.streams.span_writer import SpanWriter
+from litstream.streams.state import rollout_from_snapshot
+from litstream.streams.views import ResourcesView, WorkersView
+from litstream.streams.worker_fold import attempt_observations
 
 log = logging.getLogger("litstream.store")
 T = TypeVar("T")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from litstream.streams.store import LitStore
+from litstream.workers.store import LitStore
 
 from . import attempts, resources, rollouts, spans, status, workers
 from .errors import HTTPFieldError, error_mapping

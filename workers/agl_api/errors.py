@@ -19,7 +19,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from pydantic import ValidationError
 
-from litstream.streams.store import StoreError
+from litstream.workers.store import StoreError
 
 log = logging.getLogger("litstream.agl_api")
 _MAX_REASON = 1000  # a status line is no place for a novel

@@ -9,7 +9,7 @@ from typing import Any, Literal, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from litstream.streams.store import UNSET, LitStore
+from litstream.workers.store import UNSET, LitStore
 
 from .errors import HTTPFieldError, invalid
 

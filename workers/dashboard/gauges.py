@@ -11,7 +11,7 @@ from prometheus_client.registry import Collector
 
 from litstream.infra import metrics
 from litstream.schemas.models import ROLLOUT_STATUSES
-from litstream.streams.store import LitStore
+from litstream.workers.store import LitStore
 
 from .data import QUEUED
 

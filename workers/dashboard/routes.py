@@ -25,7 +25,7 @@ from litstream.infra import clickhouse, health, metrics
 from litstream.infra.settings import Settings
 from litstream.schemas.models import ROLLOUT_STATUSES
 from litstream.schemas.policy_versions import parse_policy_version
-from litstream.streams.store import LitStore
+from litstream.workers.store import LitStore
 
 from . import data
 from .auth import add_cookie_auth

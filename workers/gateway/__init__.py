@@ -20,7 +20,7 @@ from litstream.infra import health
 from litstream.infra.producer import EventProducer
 from litstream.infra.service import AsyncProcess, Service
 from litstream.infra.settings import Settings
-from litstream.streams.store import LitStore
+from litstream.workers.store import LitStore
 
 from ..agl_api import PREFIX, build_agl_app
 from ..dashboard.routes import add_dashboard_routes

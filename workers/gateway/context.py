@@ -12,7 +12,7 @@ from aiohttp import web
 from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
 from litstream.streams.stateview import StateView
-from litstream.streams.store import LitStore
+from litstream.workers.store import LitStore
 
 
 class GatewayContext:

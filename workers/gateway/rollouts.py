@@ -13,7 +13,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from litstream.schemas.models import EnqueueRolloutRequest, RolloutStatus
-from litstream.streams.store import StoreError
+from litstream.workers.store import StoreError
 
 from .context import context_of, error, read_json
 
