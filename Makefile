@@ -11,7 +11,7 @@ install: $(STAMP)
 
 # Python packages into .venv (torch's wheels are cached by pip after the first download), then the embedded Apache
 # Kafka broker's jars from Maven Central (infra/pom.xml, cached in ~/.m2; needs Java 17+ and Maven).
-$(STAMP): pyproject.toml schemas/_avro.c infra/pom.xml
+$(STAMP): pyproject.toml infra/pom.xml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]' -c constraints-cpu.txt

@@ -23,7 +23,6 @@ import fastavro
 from fastavro.schema import load_schema, to_parsing_canonical_form
 from pydantic import ValidationError
 
-from . import avro_fast
 from .events import BY_NAME, AvroModel, tagged_record
 
 AVRO_DIR = Path(__file__).parent / "avro"
@@ -139,23 +138,10 @@ class Codec:
         for name, schema in (writers or {}).items():
             fp = self.store.register(schema)
             self._writers[name] = (self.store.writer(fp), SINGLE_OBJECT_MAGIC + fp)
-        # The compiled programs, per record name, where writer and reader are this code's schema; fastavro for
-        # the rest (another version on either side, or no compiled extension).
-        self._compiled: dict[str, avro_fast.Compiled] = {}
-        for name, parsed in self.store.readers.items():
-            if self._writers[name][0] is parsed and self._readers[name] is parsed:
-                compiled = _compiled_of(name, parsed)
-                if compiled is not None:
-                    self._compiled[name] = compiled
-        # The same by the fingerprint a message carries: one lookup finds a message's program on the hot path.
-        self._compiled_by_fp = {self.store.reader_fp[name]: (compiled, name) for name, compiled in self._compiled.items()}
 
     # -- encoding --
     def encode(self, record: AvroModel) -> bytes:
         name: str = type(record).avro_name  # type: ignore[attr-defined]
-        compiled = self._compiled.get(name)
-        if compiled is not None:
-            return compiled.encode(record, self._header(name))
         return self._write(name, record.to_wire_record())
 
     def _header(self, name: str) -> bytes:
@@ -169,9 +155,6 @@ class Codec:
         input is already typed (the OTel exporter's spans, OTLP). Attribute values are plain (each union branch is
         found by the value's type). The builder owns the checks a model would make; the writer still refuses a
         value its schema type cannot hold."""
-        compiled = self._compiled.get(name)
-        if compiled is not None:
-            return compiled.encode(record, self._header(name))
         cls = BY_NAME.get(name)
         return self._write(name, tagged_record(cls, record) if cls is not None else record)
 
@@ -206,14 +189,8 @@ class Codec:
         raise DecodeError(f"not a litstream Avro message (first bytes {data[:4].hex() or 'empty'})")
 
     def decode(self, data: bytes | None) -> AvroModel:
-        compiled, name, offset = self._locate(data)
-        if compiled is not None and data is not None:
-            try:
-                return compiled.decode_model(data, offset)  # type: ignore[no-any-return]
-            except avro_fast.AvroError as exc:
-                raise DecodeError(f"corrupt {name} body: {exc}") from None
-            except (ValueError, TypeError) as exc:  # e.g. a JSON field that is not JSON
-                raise DecodeError(f"invalid {name}: {type(exc).__name__}: {exc}") from None
+        """The model of a message: fastavro's record, made a model without validating again (``from_record``:
+        every producer validated the model it wrote)."""
         cls, name, rec = self._read(data)
         try:
             return cls.from_record(rec)
@@ -225,27 +202,10 @@ class Codec:
     def decode_record(self, data: bytes | None, cls: type[AvroModel]) -> dict[str, Any]:
         """The Avro record itself (a dict, JSON fields still strings), no model: for consumers that only move
         the data on (the sink's columns), where building models would be most of the work."""
-        compiled, name, offset = self._locate(data)
-        if compiled is not None and data is not None:
-            if BY_NAME[name] is not cls:
-                raise DecodeError(f"expected {cls.__name__}, got {BY_NAME[name].__name__}")
-            try:
-                return compiled.decode_record(data, offset)
-            except avro_fast.AvroError as exc:
-                raise DecodeError(f"corrupt {name} body: {exc}") from None
         got, name, rec = self._read(data)
         if got is not cls:
             raise DecodeError(f"expected {cls.__name__}, got {got.__name__}")
         return rec
-
-    def _locate(self, data: bytes | None) -> tuple[avro_fast.Compiled | None, str, int]:
-        """The compiled program for a message written with this code's schema (None otherwise: the caller
-        takes fastavro's path, which also gives every header error), its record name, and the body's offset."""
-        if data and data[:2] == SINGLE_OBJECT_MAGIC:
-            found = self._compiled_by_fp.get(data[2:10])
-            if found is not None:
-                return found[0], found[1], 10
-        return None, "", 0
 
     def _read(self, data: bytes | None) -> tuple[type[AvroModel], str, dict[str, Any]]:
         if not data:
@@ -281,16 +241,6 @@ def _first_error(exc: ValidationError) -> str:
 
 
 _STORE: SchemaStore | None = None
-# Programs by schema object. The entry holds the schema too, so that its id is never reused for another one.
-_COMPILED: dict[tuple[str, int], tuple[Any, avro_fast.Compiled | None]] = {}
-
-
-def _compiled_of(name: str, parsed: Any) -> avro_fast.Compiled | None:
-    """One set of programs per schema object, shared by every codec that reads it."""
-    key = (name, id(parsed))
-    if key not in _COMPILED:
-        _COMPILED[key] = (parsed, avro_fast.compile_record(parsed, BY_NAME[name]))
-    return _COMPILED[key][1]
 
 
 def _default_store() -> SchemaStore:

@@ -1,5 +1,5 @@
 """The wheel `pip install .` builds (what the Dockerfile installs) is whole: every module, every data file
-the code opens, the compiled codec and the `litstream` command; and it holds the product only, not the
+the code opens and the `litstream` command; and it holds the product only, not the
 benchmarks or the compose check.
 
 The wheel is built from a copy of the sources (the working tree's build/ and egg-info stay untouched and
@@ -27,10 +27,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # Top-level folders with an __init__.py that are not part of the package: they run from a checkout.
 NOT_PACKAGED = {"tests", "examples", "bench"}
-# Files in the package's folders the wheel leaves out on purpose: configs docker-compose mounts, the C source
-# of the extension. Any other file there must ship.
+# Files in the package's folders the wheel leaves out on purpose: configs docker-compose mounts. Any other file
+# there must ship.
 NOT_SHIPPED = (
-    "infra/grafana/*", "infra/prometheus/*", "schemas/_avro.c",
+    "infra/grafana/*", "infra/prometheus/*",
 )
 # Development tools that run from a checkout and must not ship: the benchmarks and the compose check (with its
 # vendored 91 kB schema).
@@ -100,9 +100,9 @@ def _module_names(wheel_files: list[str]) -> list[str]:
     names = {"litstream"}
     for path in wheel_files:
         parts = path.split("/")
-        if parts[0] != "litstream" or not (path.endswith(".py") or path.endswith(".so")):
+        if parts[0] != "litstream" or not path.endswith(".py"):
             continue
-        parts[-1] = parts[-1].split(".")[0]  # module.py, _avro.cpython-311-x86_64-linux-gnu.so
+        parts[-1] = parts[-1].removesuffix(".py")
         if parts[-1] == "__init__":
             parts.pop()
         if parts[-1] != "__main__":  # runs the program when imported
@@ -122,11 +122,6 @@ def _run(cmd: list[str | Path], cwd: Path) -> subprocess.CompletedProcess[str]:
     output = f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     assert proc.returncode == 0, f"{args} exited {proc.returncode}:\n{output}"
     return proc
-
-
-def _has_c_compiler() -> bool:
-    cc = str(sysconfig.get_config_var("CC") or "cc").split()
-    return bool(cc) and shutil.which(cc[0]) is not None
 
 
 @pytest.fixture(scope="module")
@@ -192,11 +187,6 @@ def test_wheel_leaves_out_the_development_tools(wheel_files: list[str]) -> None:
     assert shipped == []
     assert not any(p.startswith(("litstream/bench/", "bench/")) for p in wheel_files)
     assert "litstream/infra/compose_check.py" not in wheel_files
-
-
-@pytest.mark.skipif(not _has_c_compiler(), reason="no C compiler: the optional extension is skipped")
-def test_wheel_holds_the_compiled_codec(wheel_files: list[str]) -> None:
-    assert any(fnmatch.fnmatch(p, "litstream/schemas/_avro.*.so") for p in wheel_files)
 
 
 def test_installed_wheel_imports_every_module(python: Path, wheel_files: list[str], tmp_path: Path) -> None:
