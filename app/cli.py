@@ -493,6 +493,9 @@ def process_triplets() -> None:
               help="Scale each step's learning rate by the share of the window's groups whose rewards differ.")
 @click.option("--entropy-fade", is_flag=True,
               help="Scale the entropy bonus by (1 - the window's mean reward): none left once the task is solved.")
+@click.option("--train-top-layers", type=click.IntRange(min=0), default=None,
+              help="Train only the top N transformer blocks and the final norm; the embeddings, the output layer and "
+                   "the blocks below are frozen (default, or 0: every parameter trains).")
 @click.option("--temperature", default=1.0, show_default=True,
               help="Sampling temperature published with each version (agents that read sampling_parameters use it).")
 @click.option("--max-tokens", default=None, type=int,
@@ -504,7 +507,8 @@ def process_triplets() -> None:
 @click.option("--seed", default=0, show_default=True)
 def process_trainer(policy: str, checkpoints: Path | None, group_size: int, groups_per_step: int,
                     window_seconds: float | None, max_staleness: int, lr: float, lr_schedule: str, kl_beta: float,
-                    epochs: int, entropy_coef: float, lr_by_signal: bool, entropy_fade: bool, temperature: float,
+                    epochs: int, entropy_coef: float, lr_by_signal: bool, entropy_fade: bool,
+                    train_top_layers: int | None, temperature: float,
                     max_tokens: int | None, keep_every: int | None, max_steps: int | None, vllm_url: str | None,
                     seed: int) -> None:
     """The GRPO trainer: triplets topic -> windows -> update -> checkpoint -> policy-vN on the resources topic."""
@@ -521,6 +525,7 @@ def process_trainer(policy: str, checkpoints: Path | None, group_size: int, grou
                         sampling={"temperature": temperature, "max_tokens": tokens},
                         learner=LearnerConfig(lr=lr, epochs=epochs, lr_schedule=lr_schedule, total_steps=max_steps,
                                               entropy_fade=entropy_fade, lr_by_signal=lr_by_signal,
+                                              train_top_layers=train_top_layers or None,
                                               loss=LossConfig(kl_beta=kl_beta, entropy_coef=entropy_coef)))
     _serve(lambda: run(load_settings(), cfg))
 

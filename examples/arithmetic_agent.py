@@ -12,7 +12,7 @@ reward is 1.0 when the last number in the answer equals it, else 0.0 (``reward``
     python -m examples.arithmetic_agent measure --samples 4 --temperature 0.5
     litstream train --agent examples.arithmetic_agent:arithmetic_agent --model smollm2 --temperature 0.5 \\
                     --train examples/data/arithmetic_train.jsonl --val examples/data/arithmetic_val.jsonl
-    python -m examples.arithmetic_agent train --minutes 23 --out run.json   # the measured settings, Trainer.fit
+    python -m examples.arithmetic_agent train --out run.json     # the measured settings, Trainer.fit
     python -m examples.arithmetic_agent plot run.json --out curve.png
     python -m examples.arithmetic_agent measure --checkpoint <checkpoints>/vN --samples 2 --temperature 0.5
 
@@ -197,21 +197,26 @@ def measure(tasks: list[dict[str, Any]], samples: int, temperature: float, batch
             "examples": examples}
 
 
-def run_training(args: argparse.Namespace) -> dict[str, Any]:
-    """GRPO on SmolLM2 through ``Trainer.fit``, the agent calling the policy endpoint; returns the summary.
+def grpo(args: argparse.Namespace) -> Any:
+    """The GRPO algorithm of ``train``'s options (the model's defaults for what they leave out).
 
-    Windows close on count only (8 groups, no time limit): with SmolLM2 on a CPU a time-closed window held one or
-    two groups, and each such step moved the policy on a handful of samples."""
-    from litstream.app.fit import Trainer
-    from litstream.infra.settings import Settings
+    Windows close on count only (no time limit): with SmolLM2 on a CPU a time-closed window held one or two
+    groups, and each such step moved the policy on a handful of samples."""
     from litstream.trainer.algorithm import GRPO
 
-    algorithm = GRPO(model="smollm2", temperature=args.temperature, max_tokens=MAX_TOKENS, lr=args.lr,
-                     group_size=args.group_size, groups_per_step=args.groups, val_every=args.val_every,
-                     val_samples=args.val_samples, patience=None, minutes=args.minutes,
-                     max_versions=args.max_versions, window_seconds=None, seed=args.seed)
+    return GRPO(model="smollm2", temperature=args.temperature, max_tokens=MAX_TOKENS, lr=args.lr,
+                train_top_layers=args.train_top_layers, group_size=args.group_size, groups_per_step=args.groups,
+                val_every=args.val_every, val_samples=args.val_samples, patience=None, minutes=args.minutes,
+                max_versions=args.max_versions, window_seconds=None, seed=args.seed)
+
+
+def run_training(args: argparse.Namespace) -> dict[str, Any]:
+    """GRPO on SmolLM2 through ``Trainer.fit``, the agent calling the policy endpoint; returns the summary."""
+    from litstream.app.fit import Trainer
+    from litstream.infra.settings import Settings
+
     settings = Settings(data_dir=args.data_dir) if args.data_dir else Settings()
-    summary = Trainer(algorithm=algorithm, n_runners=1, concurrency=32, model="smollm2", settings=settings).fit(
+    summary = Trainer(algorithm=grpo(args), n_runners=1, concurrency=32, model="smollm2", settings=settings).fit(
         "examples.arithmetic_agent:arithmetic_agent", read_jsonl(args.train), read_jsonl(args.val))
     return summary.as_dict()
 
@@ -249,7 +254,7 @@ def plot(summary: dict[str, Any], out: Path, title: str) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     data = sub.add_parser("data", help="write the train and validation JSONL files")
@@ -271,13 +276,16 @@ def main(argv: list[str] | None = None) -> None:
     t = sub.add_parser("train", help="GRPO on SmolLM2 through Trainer.fit; prints the summary as JSON")
     t.add_argument("--train", type=Path, default=DATA_DIR / "arithmetic_train.jsonl")
     t.add_argument("--val", type=Path, default=DATA_DIR / "arithmetic_val.jsonl")
-    t.add_argument("--temperature", type=float, default=0.5)
-    t.add_argument("--lr", type=float, default=1e-5)
+    t.add_argument("--temperature", type=float, default=None, help="default: the model's (0.5 for smollm2)")
+    t.add_argument("--lr", type=float, default=None, help="default: the model's (1e-5 for smollm2)")
+    t.add_argument("--train-top-layers", type=int, default=None,
+                   help="train only the top N transformer blocks (0: every parameter; default: the model's, 15)")
     t.add_argument("--group-size", type=int, default=8)
     t.add_argument("--groups", type=int, default=4, help="groups per training step")
     t.add_argument("--val-every", type=int, default=10)
-    t.add_argument("--val-samples", type=int, default=4)
-    t.add_argument("--minutes", type=float, default=24.0, help="stop submitting training rollouts after this long")
+    t.add_argument("--val-samples", type=int, default=2, help="answers per validation task")
+    t.add_argument("--minutes", type=float, default=16.0,
+                   help="stop submitting training rollouts this long after the first validation")
     t.add_argument("--max-versions", type=int, default=None)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--data-dir", type=Path, default=None)
@@ -286,7 +294,11 @@ def main(argv: list[str] | None = None) -> None:
     pl.add_argument("summary", type=Path, help="the JSON `train` printed")
     pl.add_argument("--out", type=Path, required=True)
     pl.add_argument("--title", default="GRPO on SmolLM2-135M-Instruct, word problems, 2 CPU cores")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     if args.command == "train":
         summary = json.dumps(run_training(args))
         if args.out:

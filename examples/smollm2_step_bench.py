@@ -1,13 +1,16 @@
 """How long one GRPO step takes on SmolLM2-135M-Instruct, trained in full or with parts frozen.
 
 One window shaped like the word-problem example's (``--groups`` groups of 8, the example's chat prompts, responses
-of ``--response-tokens`` tokens), stepped ``--steps`` times after one warm-up step, for each setting:
+of ``--response-tokens`` tokens), stepped ``--steps`` times after one warm-up step, on ``--threads`` threads (the
+trainer process trains on one), for each setting:
 
-    full        every parameter trained (the trainer's default)
-    no-embed    the input embeddings and the output layer frozen (57M of the 135M parameters)
-    top-half    only the upper half of the transformer layers and the final norm trained
+    full        every parameter trained
+    no-embed    the input embeddings and the output layer frozen (57M of the 163M parameters)
+    top-K       only the top K of the 30 transformer blocks and the final norm trained
+                (``LearnerConfig.train_top_layers``, ``--train-top-layers K``)
+    top-K+head  the same and the output layer
 
-    OMP_NUM_THREADS=2 python -m examples.smollm2_step_bench --groups 8
+    python -m examples.smollm2_step_bench --groups 4 --settings full,top-15,top-8,top-8+head
 """
 
 from __future__ import annotations
@@ -23,17 +26,21 @@ from examples.arithmetic_agent import DATA_DIR, read_jsonl, render_prompt
 
 
 def _freeze(model: torch.nn.Module, setting: str) -> None:
+    """Set which parameters train (a ``top-K`` setting: the learner's ``train_top_layers``)."""
+    from litstream.trainer.learner import train_top_layers
+
     for p in model.parameters():
         p.requires_grad_(True)
     if setting == "full":
         return
-    model.get_input_embeddings().weight.requires_grad_(False)
-    model.get_output_embeddings().weight.requires_grad_(False)
-    if setting == "top-half":
-        layers = model.model.layers
-        for layer in layers[: len(layers) // 2]:
-            for p in layer.parameters():
-                p.requires_grad_(False)
+    if setting == "no-embed":
+        model.get_input_embeddings().weight.requires_grad_(False)
+        model.get_output_embeddings().weight.requires_grad_(False)
+        return
+    top, head = setting.removeprefix("top-").split("+") if "+" in setting else (setting.removeprefix("top-"), "")
+    train_top_layers(model, int(top))
+    if head == "head":
+        model.get_output_embeddings().weight.requires_grad_(True)
 
 
 def main() -> None:
@@ -45,8 +52,10 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--response-tokens", type=int, default=24)
     parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--settings", default="full,no-embed,top-half")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--settings", default="full,top-15,top-8")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     rng = random.Random(0)
     policy = load_smollm2()
@@ -66,7 +75,8 @@ def main() -> None:
     for setting in args.settings.split(","):
         _freeze(policy.model, setting)
         trained = sum(p.numel() for p in policy.model.parameters() if p.requires_grad)
-        learner = GrpoLearner(policy.model, policy.tokenizer, LearnerConfig(lr=0.0))  # lr 0: the weights stay
+        # lr 0: the weights stay; the learner trains what requires a gradient (it would freeze the same for top-K)
+        learner = GrpoLearner(policy.model, policy.tokenizer, LearnerConfig(lr=0.0))
         learner.step(groups)  # warm-up
         times = []
         for _ in range(args.steps):
@@ -74,7 +84,7 @@ def main() -> None:
             learner.step(groups)
             times.append(time.perf_counter() - t0)
         samples = [s for g in groups for s in g]
-        results.append({"setting": setting, "trained_params_M": round(trained / 1e6, 1), "samples": len(samples),
+        results.append({"setting": setting, "threads": args.threads, "trained_params_M": round(trained / 1e6, 1), "samples": len(samples),
                         "tokens": sum(len(s.prompt_token_ids) + len(s.response_token_ids) for s in samples),
                         "step_s": [round(t, 2) for t in times]})
         print(json.dumps(results[-1]), flush=True)

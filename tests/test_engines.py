@@ -63,6 +63,17 @@ def test_logprobs_equal_a_forward_pass(temperature: float, top_p: float) -> None
         assert logp[b, : len(g.token_ids)].tolist() == pytest.approx(g.logprobs, abs=1e-4)
 
 
+def test_the_prompt_pass_computes_the_last_positions_logits_only_and_samples_the_same() -> None:
+    p = build_policy("tiny", seed=0)
+    eng = TorchEngine(p.model, p.tokenizer)
+    assert eng._last_logits == {"logits_to_keep": 1}
+    a = eng.generate(PROMPTS, 6, temperature=0.7, seed=3)
+    eng._last_logits = {}  # every position's logits, as a model without logits_to_keep
+    b = eng.generate(PROMPTS, 6, temperature=0.7, seed=3)
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    assert [g.logprobs for g in a] == [pytest.approx(g.logprobs, abs=1e-6) for g in b]
+
+
 def test_generation_stops_at_eos() -> None:
     p = build_policy("tiny", seed=0)
     eos = p.tokenizer.eos_id

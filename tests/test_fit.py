@@ -177,7 +177,7 @@ def test_a_learning_rate_that_would_wreck_a_pretrained_model_is_refused_before_a
     out = subprocess.run(_train_cmd("--train", "examples/data/copy_train.jsonl", "--model", "smollm2", "--lr", "1e-3"),
                          env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1
-    assert "would wreck a pretrained model" in out.stderr and "5e-06" in out.stderr
+    assert "would wreck a pretrained model" in out.stderr and "the default is 1e-05" in out.stderr
     assert not (tmp_path / "data" / "train").exists()  # nothing was started
 
 

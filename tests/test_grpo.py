@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -193,3 +195,68 @@ def test_the_trainer_scores_at_the_temperature_it_publishes() -> None:
     cfg = TrainerConfig(sampling={"temperature": 0.5, "max_tokens": 16}, learner=LearnerConfig(lr=1e-5))
     assert cfg.learner_config().temperature == 0.5 and cfg.learner_config().lr == 1e-5
     assert TrainerConfig(sampling={"temperature": 0.0}).learner_config().temperature == 1.0  # greedy: untempered
+
+
+def _window(tok: Any) -> list[Any]:
+    from litstream.trainer.windows import Sample
+
+    return [Sample(rollout_id=f"ro-{i}", attempt_id="at-1", index=0, group_id="g", policy_version=0,
+                   prompt_token_ids=tok.encode("ax1="), response_token_ids=[97 + i, tok.eos_id],
+                   response_logprobs=[], reward=float(i)) for i in range(4)]
+
+
+def test_training_the_top_layers_changes_them_and_leaves_the_rest_as_it_was() -> None:
+    """train_top_layers=2 of the tiny model's 4 blocks: after a step the top 2 blocks and the final norm moved;
+    the embeddings, the output layer and the lower blocks did not, got no gradient, and the optimizer never held
+    them."""
+    from litstream.trainer.learner import GrpoLearner, LearnerConfig
+
+    policy = build_policy("tiny", seed=0)
+    model = policy.model
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    learner = GrpoLearner(model, policy.tokenizer, LearnerConfig(lr=1e-2, train_top_layers=2))
+    held = {id(p) for g in learner.optimizer.param_groups for p in g["params"]}
+    learner.step([_window(policy.tokenizer)])
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trained == {n for n in before if n.startswith(("model.layers.2.", "model.layers.3.", "model.norm."))}
+    for name, p in model.named_parameters():
+        if name in trained:
+            assert id(p) in held
+        else:
+            assert id(p) not in held and p.grad is None
+            assert torch.equal(p.detach(), before[name]), name
+    moved = [n for n in trained if not torch.equal(dict(model.named_parameters())[n].detach(), before[n])]
+    assert any(n.startswith("model.layers.2.") for n in moved) and any(n.startswith("model.layers.3.") for n in moved)
+    assert "model.norm.weight" in moved
+
+
+def test_training_the_top_layers_finds_the_blocks_of_other_architectures_and_refuses_none() -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from litstream.trainer.learner import train_top_layers
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=3, n_head=2))
+    count = train_top_layers(model, 1)
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trained and all(n.startswith(("transformer.h.2.", "transformer.ln_f.")) for n in trained)
+    assert count == sum(p.numel() for n, p in model.named_parameters() if n in trained)
+    train_top_layers(model, 10)  # more than there are: every block, still not the embeddings
+    assert not model.transformer.wte.weight.requires_grad and model.transformer.h[0].attn.c_attn.weight.requires_grad
+    with pytest.raises(ValueError):
+        train_top_layers(model, 0)
+
+
+def test_a_learner_training_the_top_layers_resumes_its_optimizer(tmp_path: Path) -> None:
+    from litstream.trainer.learner import GrpoLearner, LearnerConfig
+
+    policy = build_policy("tiny", seed=0)
+    cfg = LearnerConfig(lr=1e-2, train_top_layers=1)
+    learner = GrpoLearner(policy.model, policy.tokenizer, cfg)
+    learner.step([_window(policy.tokenizer)])
+    path = learner.save(tmp_path)
+    again = GrpoLearner.resume(path, cfg)
+    assert {n for n, p in again.model.named_parameters() if p.requires_grad} == {
+        n for n, p in learner.model.named_parameters() if p.requires_grad}
+    assert len(again.optimizer.state) == len(learner.optimizer.state) > 0
+    other = GrpoLearner.resume(path, LearnerConfig(lr=1e-2, train_top_layers=2))  # another set: a fresh optimizer
+    assert not other.optimizer.state

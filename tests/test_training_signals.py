@@ -106,13 +106,15 @@ def test_each_model_has_its_defaults_and_a_pretrained_one_refuses_a_wrecking_lea
     assert defaults_for("tiny") is TINY and defaults_for("smollm2") is SMOLLM2
     other = defaults_for("/models/qwen")
     assert other.pretrained and other.lr == SMOLLM2.lr and other.model == "/models/qwen"
-    assert TINY.lr == 1e-3 and SMOLLM2.lr == 5e-6
+    assert TINY.lr == 1e-3 and SMOLLM2.lr == 1e-5 and SMOLLM2.temperature == 0.5
+    assert SMOLLM2.train_top_layers == 15 and TINY.train_top_layers is None
+    assert other.train_top_layers is None  # how many blocks to freeze was measured on SmolLM2 only
     refused = check_lr("smollm2", 1e-3)
     assert refused is not None and refused[0] == "refuse" and "random words" in refused[1]
     assert check_lr("/models/qwen", 1e-3)[0] == "refuse"  # type: ignore[index]
-    assert check_lr("smollm2", 5e-6) is None
+    assert check_lr("smollm2", 1e-5) is None and check_lr("smollm2", 3e-5) is None
     warned = check_lr("smollm2", 5e-5)
-    assert warned is not None and warned[0] == "warn" and "10x" in warned[1]
+    assert warned is not None and warned[0] == "warn" and "5x" in warned[1]
     assert check_lr("tiny", 1e-3) is None  # a random init takes large steps
     assert check_lr("tiny", 0.0)[0] == "refuse"  # type: ignore[index]
     assert "minutes" in TINY.budget_text()
@@ -172,7 +174,12 @@ def test_grpo_fills_what_is_not_given_from_the_model_and_states_its_budget() -> 
     assert args[args.index("--max-tokens") + 1] == str(TINY.max_tokens)
     bounded = GRPO(passes=2)
     assert not bounded.first_run_budget and bounded.minutes is None and bounded.max_versions is None
-    assert GRPO(model="smollm2").lr == 5e-6
+    smollm2 = GRPO(model="smollm2")
+    assert smollm2.lr == 1e-5 and smollm2.train_top_layers == 15 and "top 15 transformer blocks" in smollm2.settings_text()
+    assert "--train-top-layers" in smollm2.trainer_args() and "--train-top-layers" not in tiny.trainer_args()
+    assert "--train-top-layers" not in GRPO(model="smollm2", train_top_layers=0).trainer_args()
+    with pytest.raises(ValueError):
+        GRPO(model="smollm2", train_top_layers=-1)
     with pytest.raises(ValueError, match="would wreck"):
         GRPO(model="smollm2", lr=1e-3)
     assert GRPO(model="smollm2", lr=5e-5).warnings

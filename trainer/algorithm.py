@@ -224,6 +224,9 @@ class GRPO(Algorithm):
     entropy_coef: float | None = None
     entropy_fade: bool = True  # the entropy bonus fades as the window's mean reward nears 1 (LearnerConfig)
     lr_by_signal: bool | None = None  # the step's learning rate times the share of groups with signal
+    # Train only the top N transformer blocks and the final norm (LearnerConfig.train_top_layers); 0: every
+    # parameter; None: the model's default
+    train_top_layers: int | None = None
     lr_schedule: str = "constant"  # constant | cosine | linear, over max_versions (LearnerConfig)
     temperature: float | None = None  # published with each version; agents that read sampling_parameters use it
     max_tokens: int | None = None  # published with each version, as temperature
@@ -253,9 +256,11 @@ class GRPO(Algorithm):
         for name, value in (("group_size", d.group_size), ("groups_per_step", d.groups_per_step), ("lr", d.lr),
                             ("ppo_epochs", d.epochs), ("entropy_coef", d.entropy_coef),
                             ("temperature", d.temperature), ("max_tokens", d.max_tokens),
-                            ("lr_by_signal", d.lr_by_signal)):
+                            ("lr_by_signal", d.lr_by_signal), ("train_top_layers", d.train_top_layers or 0)):
             if getattr(self, name) is None:
                 setattr(self, name, value)
+        if int(self.train_top_layers or 0) < 0:
+            raise ValueError(f"train_top_layers must be 0 (every parameter) or more, not {self.train_top_layers}")
         verdict = check_lr(self.model, float(self.lr or 0.0))
         if verdict is not None and verdict[0] == "refuse":
             raise ValueError(verdict[1])
@@ -296,7 +301,10 @@ class GRPO(Algorithm):
 
     def settings_text(self) -> str:
         scaled = ", scaled by the share of groups with signal" if self.lr_by_signal else ""
-        return (f"{self.model}: lr {self.lr:g} ({self.lr_schedule}{scaled}), {self.group_size} rollouts per group, "
+        trained = (f"the top {self.train_top_layers} transformer blocks trained" if self.train_top_layers
+                   else "every parameter trained")
+        return (f"{self.model}: lr {self.lr:g} ({self.lr_schedule}{scaled}), {trained}, "
+                f"{self.group_size} rollouts per group, "
                 f"{self.groups_per_step} groups per step, {self.ppo_epochs} optimizer step(s) per window, "
                 f"temperature {self.temperature:g}, {self.max_tokens} response tokens, entropy bonus "
                 f"{self.entropy_coef:g}{' (fading with the reward)' if self.entropy_fade and self.entropy_coef else ''}"
@@ -310,6 +318,7 @@ class GRPO(Algorithm):
                 str(self.max_tokens), "--lr-schedule", self.lr_schedule,
                 *(["--entropy-fade"] if self.entropy_fade else []),
                 *(["--lr-by-signal"] if self.lr_by_signal else []),
+                *(["--train-top-layers", str(self.train_top_layers)] if self.train_top_layers else []),
                 *(["--keep-every", str(self.val_every)] if self.val_every else []),
                 *(["--window-seconds", str(self.window_seconds)] if self.window_seconds else []),
                 *(["--max-steps", str(self.max_versions)] if self.max_versions else [])]

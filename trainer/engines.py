@@ -11,6 +11,7 @@ log-prob), so the policy learns to stop.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -70,6 +71,11 @@ class TorchEngine:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self._version = version
+        # The prompt's pass needs the logits of its last position only: a Hugging Face model that takes
+        # ``logits_to_keep`` skips the output layer on the others (for a short answer, the largest part of the
+        # prompt's cost after the blocks: 49,152 logits a position for SmolLM2).
+        forward = inspect.signature(model.forward).parameters
+        self._last_logits: dict[str, int] = {"logits_to_keep": 1} if "logits_to_keep" in forward else {}
 
     @classmethod
     def from_checkpoint(cls, path: str | Path) -> TorchEngine:
@@ -106,7 +112,7 @@ class TorchEngine:
             ids[b, P - len(p):] = torch.tensor(list(p), dtype=torch.long)
             attn[b, P - len(p):] = 1
         pos = (attn.cumsum(1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, **self._last_logits)
         past, logits = out.past_key_values, out.logits[:, -1, :]
         next_pos = pos[:, -1:] + 1
         tokens: list[list[int]] = [[] for _ in range(B)]

@@ -18,6 +18,7 @@ Conventions (those of TRL's GRPOTrainer and verl):
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -88,11 +89,17 @@ def response_logprobs(model: Any, batch: TokenBatch, with_entropy: bool = False,
     """Log-probs [B, R] of each response token given everything before it, under the softmax of the logits
     divided by ``temperature`` (the distribution the engine sampled from; <= 0, greedy, scores untempered), and
     optionally the entropy [B, R] of that distribution. Masked positions hold 0."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [B, L, V]
-    B, L, V = logits.shape
+    L = batch.input_ids.shape[1]
+    # The token at position t is predicted by the logits at t - 1: response token j by position plen - 1 + j. A
+    # model that takes ``logits_to_keep`` computes the output layer from the shortest prompt's last position on
+    # only, not over every prompt token (the output layer is the largest single matrix of a small LM).
+    first = int(batch.prompt_lens.min()) - 1
+    kwargs = {"logits_to_keep": L - first} if _takes_logits_to_keep(model) else {}
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **kwargs).logits  # [B, L', V]
+    B, kept, V = logits.shape
+    offset = L - kept  # logits[:, i] are those of position offset + i
     R = batch.response_ids.shape[1]
-    # The token at position t is predicted by the logits at t - 1: response token j by position plen - 1 + j.
-    pos = (batch.prompt_lens.unsqueeze(1) - 1 + torch.arange(R).unsqueeze(0)).clamp(max=L - 1)  # [B, R]
+    pos = (batch.prompt_lens.unsqueeze(1) - 1 + torch.arange(R).unsqueeze(0)).clamp(max=L - 1) - offset  # [B, R]
     picked = logits.gather(1, pos.unsqueeze(-1).expand(B, R, V)).float()  # [B, R, V]
     if temperature > 0 and temperature != 1.0:
         picked = picked / temperature
@@ -102,6 +109,14 @@ def response_logprobs(model: Any, batch: TokenBatch, with_entropy: bool = False,
     if with_entropy:
         entropy = -(logp_all.exp() * logp_all).sum(-1) * batch.response_mask
     return logp, entropy
+
+
+def _takes_logits_to_keep(model: Any) -> bool:
+    forward = getattr(model, "forward", None)
+    try:
+        return forward is not None and "logits_to_keep" in inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -16,6 +17,8 @@ from .grpo import LossConfig, LossStats, group_advantages, grpo_loss, pack, resp
 from .signals import lr_factor
 from .tokenizer import Tokenizer
 from .windows import Group, Sample
+
+log = logging.getLogger("litstream.trainer")
 
 
 @dataclass
@@ -49,6 +52,10 @@ class LearnerConfig:
     # The temperature the engine sampled at: log-probs, ratio, KL and entropy are those of the logits divided by
     # it, the distribution the engine sampled from and reported its log-probs under (engines.Generation).
     temperature: float = 1.0
+    # Train only the top N transformer blocks and the final norm (None: every parameter). The embeddings, the
+    # output layer and the blocks below are frozen: they get no gradient, the optimizer does not hold them, and
+    # backward stops at the lowest trained block (trainable_top_layers).
+    train_top_layers: int | None = None
 
 
 @dataclass
@@ -85,7 +92,9 @@ class GrpoLearner:
         self.tokenizer = tokenizer
         self.version = version
         self.step_count = step
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=self.cfg.lr, betas=self.cfg.betas,
+        if self.cfg.train_top_layers is not None:
+            train_top_layers(model, self.cfg.train_top_layers)
+        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=self.cfg.lr, betas=self.cfg.betas,
                                            weight_decay=self.cfg.weight_decay)
         if ref_model is None and self.cfg.loss.kl_beta > 0:
             ref_model = copy.deepcopy(model)  # the policy as it is now is the reference
@@ -224,8 +233,59 @@ class GrpoLearner:
         ck = load_checkpoint(path)
         learner = cls(ck.model, ck.tokenizer, cfg, ref_model=ref_model, version=ck.version, step=ck.step)
         if ck.optimizer_state is not None:
-            learner.optimizer.load_state_dict(ck.optimizer_state)
+            try:
+                learner.optimizer.load_state_dict(ck.optimizer_state)
+            except ValueError as exc:  # saved while another set of parameters was trained
+                log.warning("optimizer state of %s not restored (%s): it starts afresh", path, exc)
         return learner
+
+
+def transformer_blocks(model: Any) -> Any:
+    """The stack of transformer blocks of a Hugging Face causal LM (Llama and its kin: ``model.model.layers``;
+    GPT-2 style: ``transformer.h``)."""
+    for path in (("model", "layers"), ("transformer", "h"), ("gpt_neox", "layers"), ("model", "decoder", "layers")):
+        obj = model
+        for name in path:
+            obj = getattr(obj, name, None)
+            if obj is None:
+                break
+        if isinstance(obj, torch.nn.ModuleList):
+            return obj
+    raise ValueError(f"cannot find the transformer blocks of {type(model).__name__}")
+
+
+def final_norm(model: Any) -> torch.nn.Module | None:
+    """The norm after the last block, if the model has one where Llama or GPT-2 keep it."""
+    for path in (("model", "norm"), ("transformer", "ln_f"), ("gpt_neox", "final_layer_norm"),
+                 ("model", "decoder", "final_layer_norm")):
+        obj = model
+        for name in path:
+            obj = getattr(obj, name, None)
+            if obj is None:
+                break
+        if isinstance(obj, torch.nn.Module):
+            return obj
+    return None
+
+
+def train_top_layers(model: Any, n: int) -> int:
+    """Freeze every parameter of ``model`` but those of its top ``n`` transformer blocks and its final norm
+    (``requires_grad`` False: no gradient is computed for them and, below the lowest trained block, none flows
+    at all). ``n`` at least the number of blocks trains every block, the embeddings and the output layer stay
+    frozen. Returns the number of parameters left to train."""
+    if n < 1:
+        raise ValueError(f"train_top_layers must be at least 1, not {n}")
+    blocks = transformer_blocks(model)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for block in list(blocks)[len(blocks) - min(n, len(blocks)):]:
+        for p in block.parameters():
+            p.requires_grad_(True)
+    norm = final_norm(model)
+    if norm is not None:
+        for p in norm.parameters():
+            p.requires_grad_(True)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def _length(s: Sample) -> int:
