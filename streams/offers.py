@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import TopicPartition
 
@@ -38,6 +38,7 @@ OFFER_IDLE_S = 10.0  # a store that served no dequeue for this long leaves the r
 OFFER_COMMIT_EVERY_S = 0.2  # handled offers are committed together, at most this late
 OFFER_HOLD_POLL_S = 0.1  # how long one poll of a member with every partition paused waits
 
+T = TypeVar("T")
 Taken = tuple[RolloutOffered, tuple[int, int]]  # an offer and its (partition, offset)
 
 
@@ -140,12 +141,17 @@ class OfferReader:
         self.on_undecodable = on_undecodable
         self._consumer: Any = None
         self._gate: Backpressure | None = None  # pauses the assignment while the claimant is busy (``hold``)
+        self._held_once = False
         self._ends = PartitionEnds()  # offer partitions read to their end: the queue is empty there
         self._ledger = OfferLedger()
         self._queue = OfferQueue()  # read ahead, handed out in enqueue order
+        self._assigned: set[int] = set()  # this member's offer partitions, as the rebalance callbacks tell them
         self._heard: set[int] = set()  # offer partitions that delivered a record since they were assigned
         self._all_heard = False  # every assigned one has, since the last rebalance
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="offers")
+        # Held while the consumer, the queue or the ledger's positions are in use: by the offers thread's work,
+        # and by a take answered on the caller's thread when the thread is idle (``_ready``).
+        self._using = threading.RLock()
         self._lock = asyncio.Lock()
         self._in_use = 0  # dequeue calls in progress
         self._last_use = 0.0  # when the last one ended (monotonic)
@@ -176,7 +182,27 @@ class OfferReader:
         """Up to ``limit`` offers whose claim could still win, oldest first; empty when none is on offer here.
         Only taking offers is serialised; the claims of concurrent calls travel side by side."""
         async with self._lock:
-            return await asyncio.get_running_loop().run_in_executor(self._thread, self._next, limit)
+            ready = self._ready(limit)
+            if ready is not None:
+                return ready
+            return await self._on_thread(self._next, limit)
+
+    async def _on_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, self._holding, fn, *args)
+
+    def _holding(self, fn: Callable[..., T], *args: Any) -> T:
+        with self._using:
+            return fn(*args)
+
+    def _ready(self, limit: int) -> list[Taken] | None:
+        """The offers a take can have at once, on the caller's thread (no hand-over to the offers thread and
+        back: a third of a dequeue); None when the offers thread is busy, or the take would have to wait."""
+        if self._consumer is None or not self._using.acquire(blocking=False):
+            return None
+        try:
+            return self._at_hand(limit) or None
+        finally:
+            self._using.release()
 
     def handled(self, offers: Iterable[Taken]) -> None:
         """Their claims' outcomes are known, whoever won: commit what that allows."""
@@ -191,25 +217,26 @@ class OfferReader:
             for offer, where in again:
                 self._queue.push(offer_queue_time(offer, self.rollouts.snapshots.get(offer.rollout_id)), offer, where)
 
-        self._thread.submit(put_back)
+        self._thread.submit(self._holding, put_back)
 
     async def hold(self) -> None:
         """While the claimant can take nothing (every slot busy): stay in the group, fetching nothing. Call it
         again within ``max.poll.interval.ms``; the next :meth:`take` resumes fetching."""
-        await asyncio.get_running_loop().run_in_executor(self._thread, self._hold)
+        await self._on_thread(self._hold)
 
     def _hold(self) -> None:
         if self._consumer is None or self._gate is None:
             return
         self._gate.hold()
+        self._held_once = True
         msg = self._consumer.poll(OFFER_HOLD_POLL_S)
         if msg is not None:
             self._gate.put_back(msg)
 
     async def close(self) -> None:
         if self._consumer is not None:
-            await asyncio.get_running_loop().run_in_executor(self._thread, self._commit_now)
-            await asyncio.get_running_loop().run_in_executor(self._thread, self._consumer.close)
+            await self._on_thread(self._commit_now)
+            await self._on_thread(self._consumer.close)
         self._thread.shutdown(wait=False)
 
     def _pop_fresh(self, limit: int) -> list[Taken]:
@@ -240,7 +267,7 @@ class OfferReader:
         if (not self.leave_when_idle or self._consumer is None or self._in_use
                 or time.monotonic() - self._last_use < OFFER_IDLE_S - 0.01):
             return
-        self._thread.submit(self._leave)
+        self._thread.submit(self._holding, self._leave)
 
     def _leave(self) -> None:
         if self._consumer is None or self._in_use:
@@ -252,7 +279,7 @@ class OfferReader:
         except Exception as exc:  # noqa: BLE001 - the broker is gone: the group evicts this member in time
             log.warning("leaving the runners' group failed: %s", exc)
         self._ends, self._ledger, self._queue = PartitionEnds(), OfferLedger(), OfferQueue()
-        self._heard, self._all_heard = set(), False
+        self._heard, self._all_heard, self._assigned, self._held_once = set(), False, set(), False
 
     def _commit(self, positions: dict[int, int]) -> None:
         """Commit the offers consumer's positions within ``OFFER_COMMIT_EVERY_S``, not waited for, several
@@ -271,7 +298,7 @@ class OfferReader:
 
     def _commit_soon(self) -> None:
         try:
-            self._thread.submit(self._commit_now)
+            self._thread.submit(self._holding, self._commit_now)
         except RuntimeError:  # closed meanwhile: close() committed what was due
             pass
 
@@ -300,19 +327,11 @@ class OfferReader:
         committed) until their claims are answered."""
         if self._consumer is None:
             self._join()
-        assert self._gate is not None
-        self._gate.release()
         start = time.monotonic()
         while True:
-            while len(self._queue) < self.read_ahead:  # what the consumer has fetched already
-                msgs = self._consumer.consume(self.read_ahead - len(self._queue), timeout=0)
-                if not msgs:
-                    break
-                self._read(msgs)
-            assigned = {tp.partition for tp in self._consumer.assignment()}
-            self._offer_own_enqueues(assigned)
-            if len(self._queue) and self._all_heard and (fresh := self._pop_fresh(limit)):
+            if fresh := self._at_hand(limit):
                 return fresh
+            assigned = self._assigned
             waited = time.monotonic() - start
             if len(self._queue):
                 # Just assigned, a partition may not have answered yet: an older offer may be on its way there.
@@ -324,6 +343,23 @@ class OfferReader:
             msg = self._consumer.poll(0.02)
             if msg is not None:
                 self._read([msg])
+
+    def _at_hand(self, limit: int) -> list[Taken]:
+        """What the consumer has fetched and this store enqueued, read into the queue; up to ``limit`` fresh
+        offers from it when every partition has answered since it was assigned (else none: see :meth:`_next`)."""
+        assert self._gate is not None
+        if self._held_once:  # partitions paused once may come back paused from a rebalance: resume them
+            self._gate.release()
+        while len(self._queue) < self.read_ahead:
+            wanted = self.read_ahead - len(self._queue)
+            msgs = self._consumer.consume(wanted, timeout=0)
+            self._read(msgs)
+            if len(msgs) < wanted:  # all that was fetched (each call into the client costs a hand-over of the GIL)
+                break
+        self._offer_own_enqueues(self._assigned)
+        if len(self._queue) and self._all_heard:
+            return self._pop_fresh(limit)
+        return []
 
     def _offer_own_enqueues(self, assigned: set[int]) -> None:
         """Put rollouts enqueued here on offer at once when their partition is this consumer's: the processor's
@@ -344,8 +380,8 @@ class OfferReader:
     def _join(self) -> None:
         self._consumer = consumer(self._settings, group_id=f"{self._settings.topic_prefix}-runners",
                                 **{"enable.partition.eof": True})
-        self._consumer.subscribe([self.topic], on_assign=self._partitions_moved,
-                                 on_revoke=self._partitions_moved)
+        self._consumer.subscribe([self.topic], on_assign=self._partitions_assigned,
+                                 on_revoke=self._partitions_revoked, on_lost=self._partitions_revoked)
         self._gate = Backpressure(self._consumer)
         # Joining the group takes a few seconds; only the first dequeue waits for it.
         joined_by = time.monotonic() + 15.0
@@ -367,6 +403,14 @@ class OfferReader:
             self._queue.push(offer_queue_time(offer, self.rollouts.snapshots.get(offer.rollout_id)), offer, where)
             taken.append(where)
         self._ledger.taken(taken)
+
+    def _partitions_assigned(self, c: Any, partitions: list[TopicPartition]) -> None:
+        self._assigned = self._assigned | {tp.partition for tp in partitions}
+        self._partitions_moved(c, partitions)
+
+    def _partitions_revoked(self, c: Any, partitions: list[TopicPartition]) -> None:
+        self._assigned = self._assigned - {tp.partition for tp in partitions}
+        self._partitions_moved(c, partitions)
 
     def _partitions_moved(self, _c: Any, partitions: list[TopicPartition]) -> None:
         self._commit_now(tp.partition for tp in partitions)  # revoked: their next owner starts from here

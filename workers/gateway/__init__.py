@@ -11,6 +11,7 @@ settings and the producer through ``context.context_of(request)``. A new module 
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -80,10 +81,18 @@ def build_app(settings: Settings) -> web.Application:
     return app
 
 
+GIL_SWITCH_S = 0.0005
+
+
 class GatewayProcess(AsyncProcess):
     """The gateway as a process of the stack: the app served on ``host:port`` until stopped."""
 
     def __init__(self, settings: Settings, host: str, port: int) -> None:
+        # The store's threads (its replica's follower, its delivery reports, its offers) hand the GIL back and
+        # forth with the event loop on every call; at the default 5 ms interval a call could wait that long for
+        # it. Measured with the stock client's loop at 1 agent on a loaded machine: mean time per request in the
+        # handler 4.2 -> 1.6 ms (p50 1.1 -> 1.0).
+        sys.setswitchinterval(GIL_SWITCH_S)
         super().__init__(health.Heartbeat(settings.data_dir, ROLE, dict, HEARTBEAT_S))
         self.runner = web.AppRunner(build_app(settings), handle_signals=False)
         self.host, self.port = host, port
