@@ -178,6 +178,7 @@ class ModelWindow:
     max_tokens: int
     temperature: float
     lr: float
+    train_top_layers: int | None = None  # the model's default (trainer/defaults.py): None trains every block
 
 
 def tiny_window() -> ModelWindow:
@@ -187,8 +188,11 @@ def tiny_window() -> ModelWindow:
 
 
 def smollm2_window(sizes: Sizes) -> ModelWindow:
-    # The word-problem example's sampling (examples/arithmetic_agent.py: 16 tokens at temperature 0.5).
-    return ModelWindow("smollm2", sizes.smollm2_groups, 8, 16, 0.5, 1e-5)
+    # The word-problem example's window: 16 tokens, and SmolLM2's defaults (temperature, lr, the blocks trained).
+    from litstream.trainer.defaults import defaults_for
+
+    d = defaults_for("smollm2")
+    return ModelWindow("smollm2", sizes.smollm2_groups, 8, 16, d.temperature, d.lr, d.train_top_layers)
 
 
 def _word_problem(rng: random.Random) -> tuple[list[tuple[str, str]], int]:
@@ -250,7 +254,8 @@ def run_windows(ctx: Context, window: ModelWindow, steps: int) -> WindowTimes:
     torch.set_num_threads(1)
     rng = random.Random(0)
     policy = build_policy(window.model, seed=0)
-    learner = GrpoLearner(policy.model, policy.tokenizer, LearnerConfig(lr=window.lr, temperature=window.temperature))
+    learner = GrpoLearner(policy.model, policy.tokenizer, LearnerConfig(lr=window.lr, temperature=window.temperature,
+                                                                        train_top_layers=window.train_top_layers))
     size = window.group_size
     times = WindowTimes()
     with tempfile.TemporaryDirectory() as tmp:
@@ -291,7 +296,9 @@ def model_rows(ctx: Context, window: ModelWindow, steps: int) -> tuple[list[Row]
     size, model = window.group_size, window.model
     rows = [
         rate_row(f"GRPO step ({model}, {window.groups} groups x {size})", t.step, 1,
-                 note=f"steps/s; median {med['step'] * 1000:.0f} ms"),
+                 note=f"steps/s; median {med['step'] * 1000:.0f} ms; "
+                      + ("every block trained" if window.train_top_layers is None
+                         else f"the top {window.train_top_layers} blocks trained")),
         Row(f"trainer tokens/s ({model})", statistics.median(n / s for n, s in zip(t.tokens, t.step)), None,
             len(t.tokens), f"prompt + response tokens per second of step; {statistics.median(t.tokens):.0f} a window"),
         rate_row(f"rollouts/s: generation ({model}, batches of 32, T {window.temperature:g}, "
