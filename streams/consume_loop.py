@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -69,24 +70,24 @@ class Fetch:
         return poll_batch(c, self.wait_s, self.max_records)
 
 
-class Work(Generic[T]):
+class Work(ABC, Generic[T]):
     """What one processor adds to the loop. ``decode``, ``apply`` and ``durable`` are its own; the rest default
     to a consumer that starts from the committed offsets and never holds back."""
 
+    @abstractmethod
     def decode(self, msg: Message) -> T:
         """The record's value as the processor works with it; raise :class:`Rejected` to dead-letter it."""
-        raise NotImplementedError
 
+    @abstractmethod
     def apply(self, records: list[Record[T]], read: Offsets) -> None:
         """One turn's decoded records, in the order read; called every turn, with none when nothing came, so
         that work due by time (a timeout, an idle flush) happens too. ``read``: each partition's next offset past
         every record of the turn, the dead-lettered ones included (what a commit may cover once they are done)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def durable(self, wait: bool) -> Offsets:
         """Make what was applied durable (flush its output) and return the offsets safe to commit: past every record
         whose effect is stored. ``wait``: partitions are going or the loop stops, so finish what is in hand."""
-        raise NotImplementedError
 
     def holding(self, assignment: frozenset[Partition]) -> frozenset[Partition]:
         """The assigned partitions not to fetch now (backpressure: all of them)."""

@@ -244,11 +244,7 @@ def transformer_blocks(model: Any) -> Any:
     """The stack of transformer blocks of a Hugging Face causal LM (Llama and its kin: ``model.model.layers``;
     GPT-2 style: ``transformer.h``)."""
     for path in (("model", "layers"), ("transformer", "h"), ("gpt_neox", "layers"), ("model", "decoder", "layers")):
-        obj = model
-        for name in path:
-            obj = getattr(obj, name, None)
-            if obj is None:
-                break
+        obj = _attribute_at(model, path)
         if isinstance(obj, torch.nn.ModuleList):
             return obj
     raise ValueError(f"cannot find the transformer blocks of {type(model).__name__}")
@@ -258,14 +254,19 @@ def final_norm(model: Any) -> torch.nn.Module | None:
     """The norm after the last block, if the model has one where Llama or GPT-2 keep it."""
     for path in (("model", "norm"), ("transformer", "ln_f"), ("gpt_neox", "final_layer_norm"),
                  ("model", "decoder", "final_layer_norm")):
-        obj = model
-        for name in path:
-            obj = getattr(obj, name, None)
-            if obj is None:
-                break
+        obj = _attribute_at(model, path)
         if isinstance(obj, torch.nn.Module):
             return obj
     return None
+
+
+def _attribute_at(obj: Any, path: tuple[str, ...]) -> Any:
+    """``obj.a.b...`` along ``path``, or None where an attribute is missing."""
+    for name in path:
+        obj = getattr(obj, name, None)
+        if obj is None:
+            return None
+    return obj
 
 
 def train_top_layers(model: Any, n: int) -> int:
