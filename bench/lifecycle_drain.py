@@ -8,7 +8,7 @@ folded, its snapshot and offer written). CPU-seconds of the broker and the proce
     python -m bench.lifecycle_drain [--rollouts 10000] [--profile docs/perf/drain.svg]
 
 ``--profile PATH`` attaches py-spy (``pip install py-spy``) to the processor for the drain only (not its start or
-stop) and writes its flame graph there (``.svg``) or a speedscope profile (``.json``).
+stop) and writes its flame graph there (``.svg``), a speedscope profile (``.json``) or folded stacks (``.folded``).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def profiled(pid: int, path: Path | None, rate: int = 100) -> Iterator[None]:
     spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
     if spy is None:
         raise SystemExit("--profile needs py-spy: pip install py-spy")
-    fmt = "speedscope" if path.suffix == ".json" else "flamegraph"
+    fmt = {".json": "speedscope", ".folded": "raw"}.get(path.suffix, "flamegraph")
     proc = subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", str(rate), "--nonblocking",
                              "--format", fmt, "-o", str(path)], stdout=subprocess.DEVNULL)
     time.sleep(0.5)  # attached before the clock starts
@@ -84,7 +84,7 @@ def profiled(pid: int, path: Path | None, rate: int = 100) -> Iterator[None]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rollouts", type=int, default=10_000)
-    ap.add_argument("--profile", type=Path, default=None, help="py-spy flame graph (.svg) or speedscope (.json)")
+    ap.add_argument("--profile", type=Path, default=None, help="py-spy flame graph (.svg), speedscope (.json) or folded stacks (.folded)")
     args = ap.parse_args(argv)
     with embedded_broker(_Steps(), "drain") as (broker, settings):  # type: ignore[arg-type]
         asyncio.run(enqueue(settings, args.rollouts))

@@ -45,6 +45,7 @@ def producer(settings: Settings, **overrides: Any) -> Producer:
     """The producer every librdkafka writer uses: idempotent with ``acks=all``, whatever ``overrides`` say."""
     conf: dict[str, Any] = {
         "bootstrap.servers": settings.bootstrap_servers,
+        "client.id": "litstream",  # the name the broker's request log and quotas know it by (EventProducer: its role)
         "linger.ms": 5,
         # The Java client's key hash, which Faust (aiokafka) uses too: without it librdkafka's CRC32 default puts
         # a rollout's spans and events on other partition numbers than the snapshots the lifecycle writes.
@@ -65,6 +66,7 @@ def consumer(settings: Settings, group_id: str, **overrides: Any) -> _Consumer:
     conf: dict[str, Any] = {
         "bootstrap.servers": settings.bootstrap_servers,
         "group.id": group_id,
+        "client.id": group_id,  # the broker's request log and quotas name a consumer by its group
         "auto.offset.reset": "earliest",
         # Offsets are committed by hand, after the work a message caused is durable (at-least-once).
         "enable.auto.commit": False,

@@ -29,7 +29,7 @@ class EventProducer:
         self.factory = EventFactory(settings.producer_id, role=role)
         self._errors: list[str] = []
         self._errors_lock = threading.Lock()  # delivery reports are served on whichever thread polls or flushes
-        self._producer = producer(settings, **producer_overrides)
+        self._producer = producer(settings, **{"client.id": f"litstream-{role}", **producer_overrides})
         self._unpolled = 0  # records produced since the last poll (a race between threads only shifts a poll)
         self._closed = False
         self._send_now = threading.Event()
