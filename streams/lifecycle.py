@@ -106,27 +106,7 @@ class LifecycleProcessor:
         self.stats = {"applied": 0, "duplicates": 0, "dead_letters": 0, "timeout": 0, "unresponsive": 0,
                       "retries": 0}
         faust_patches.apply()
-        datadir = (settings.data_dir / "faust" / self.topics.faust_app_id).resolve()
-        datadir.mkdir(parents=True, exist_ok=True)
-        self.app = faust.App(
-            self.topics.faust_app_id,
-            broker=[f"kafka://{s}" for s in settings.bootstrap_servers.split(",")],
-            topic_partitions=settings.partitions,
-            # Not exactly_once: its transactions would not cover the outputs (they leave through librdkafka,
-            # below), a timeout event would wait for the next commit (p50 1.5 s late), and Faust 0.15.3 never
-            # records the table's changelog offset in RocksDB under it. The fold makes redelivery harmless.
-            processing_guarantee="at_least_once",
-            topic_allow_declare=False,  # every topic comes from the catalogue (litstream topics create)
-            topic_disable_leader=True,
-            web_enabled=False,
-            store=f"{settings.table_store}://",
-            table_standby_replicas=0,  # a worker holds only the partitions it owns
-            datadir=str(datadir),
-            producer_linger=CHANGELOG_LINGER_S,
-            broker_client_id=f"litstream-{ROLE}",  # the name the broker's request log and quotas know it by
-            **faust_group_config(settings),
-            **faust_broker_credentials(settings),
-        )
+        self.app = self._faust_app(settings)
         raw: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
         self.source = self.app.topic(self.topics.rollout_events, partitions=settings.partitions, **raw)
         self.dlq_topic = self.app.topic(self.topics.dlq("rollout-events"), **raw)
@@ -159,6 +139,30 @@ class LifecycleProcessor:
         self.app.on_partitions_revoked.connect(self._forget_states)
         self.app.on_partitions_assigned.connect(self._forget_states)
         self.heartbeat = health.Heartbeat(settings.data_dir, ROLE, self.report)
+
+    def _faust_app(self, settings: Settings) -> faust.App:
+        """The Faust app: at-least-once, the catalogue's topics only, its table in ``<data_dir>/faust``."""
+        datadir = (settings.data_dir / "faust" / self.topics.faust_app_id).resolve()
+        datadir.mkdir(parents=True, exist_ok=True)
+        return faust.App(
+            self.topics.faust_app_id,
+            broker=[f"kafka://{s}" for s in settings.bootstrap_servers.split(",")],
+            topic_partitions=settings.partitions,
+            # Not exactly_once: its transactions would not cover the outputs (they leave through librdkafka,
+            # below), a timeout event would wait for the next commit (p50 1.5 s late), and Faust 0.15.3 never
+            # records the table's changelog offset in RocksDB under it. The fold makes redelivery harmless.
+            processing_guarantee="at_least_once",
+            topic_allow_declare=False,  # every topic comes from the catalogue (litstream topics create)
+            topic_disable_leader=True,
+            web_enabled=False,
+            store=f"{settings.table_store}://",
+            table_standby_replicas=0,  # a worker holds only the partitions it owns
+            datadir=str(datadir),
+            producer_linger=CHANGELOG_LINGER_S,
+            broker_client_id=f"litstream-{ROLE}",  # the name the broker's request log and quotas know it by
+            **faust_group_config(settings),
+            **faust_broker_credentials(settings),
+        )
 
     def report(self) -> Mapping[str, Any]:
         return dict(self.stats)
