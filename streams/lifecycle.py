@@ -149,7 +149,7 @@ class LifecycleProcessor:
             broker=[f"kafka://{s}" for s in settings.bootstrap_servers.split(",")],
             topic_partitions=settings.partitions,
             # Not exactly_once: its transactions would not cover the outputs (they leave through librdkafka,
-            # below), a timeout event would wait for the next commit (p50 1.5 s late), and Faust 0.15.3 never
+            # `outputs`), a timeout event would wait for the next commit (p50 1.5 s late), and Faust 0.15.3 never
             # records the table's changelog offset in RocksDB under it. The fold makes redelivery harmless.
             processing_guarantee="at_least_once",
             topic_allow_declare=False,  # every topic comes from the catalogue (litstream topics create)
