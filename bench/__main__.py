@@ -1,5 +1,5 @@
-"""``python -m bench [--only NAME] [--quick] [--no-agl] [--prepare-baseline]``: run benchmarks, print,
-save JSON."""
+"""``python -m bench [--only NAME] [--quick] [--no-agl] [--cpus LIST] [--prepare-baseline]``: run benchmarks,
+print, save JSON."""
 
 from __future__ import annotations
 
@@ -40,9 +40,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip the Agent Lightning baseline (and building its virtualenv)")
     parser.add_argument("--prepare-baseline", action="store_true",
                         help="only create the Agent Lightning virtualenv (.venv-agl) if it is missing, then exit")
+    parser.add_argument("--cpus", type=cpu_list, default=None, metavar="LIST",
+                        help="run every process of the run (litstream's, the broker's, the reference's) on these "
+                             "CPUs only, e.g. 0 or 0-1: how the figures change with the cores at hand")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR,
                         help=f"where to save the JSON (default {RESULTS_DIR})")
     args = parser.parse_args(argv)
+    if args.cpus is not None:
+        os.sched_setaffinity(0, args.cpus)  # every process started from here on inherits it
 
     console = Console()
     if not console.is_terminal:  # piped (make, CI logs): wide enough that rows do not wrap
@@ -68,6 +73,21 @@ def main(argv: list[str] | None = None) -> int:
         md.write_text(markdown(lines))
         console.print(f"saved {path} and {md.name} (the table as Markdown, for the README)")
     return 1 if failed else 0
+
+
+def cpu_list(text: str) -> set[int]:
+    """``0``, ``0,1`` or ``0-3`` as a set of CPU numbers, each one this machine has."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        if not first.isdigit() or (last and not last.isdigit()):
+            raise argparse.ArgumentTypeError(f"not a CPU list: {text!r} (e.g. 0, 0,1 or 0-3)")
+        cpus.update(range(int(first), int(last or first) + 1))
+    unknown = cpus - os.sched_getaffinity(0)
+    if unknown:
+        raise argparse.ArgumentTypeError(f"CPUs {sorted(unknown)} are not available here "
+                                         f"(available: {sorted(os.sched_getaffinity(0))})")
+    return cpus
 
 
 def run_all(args: argparse.Namespace, ctx: Context, m: dict[str, object], failed: list[str]) -> dict[str, Report]:

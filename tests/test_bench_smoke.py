@@ -138,3 +138,24 @@ def test_policy_server_benchmark_quick(tmp_path: Path) -> None:
     assert doc["params"]["overhead_p50_ms"] > -1000 and doc["params"]["reserve_p50_ms"] > 0
     rows = {row["what"]: row for row in doc["rows"]}
     assert rows["server, 16 clients"]["msgs_per_s"] > 0 and rows["server, 1 client"]["msgs_per_s"] > 0
+
+
+
+def test_cpus_option_reads_cpu_lists_and_refuses_what_is_not_here() -> None:
+    """``--cpus`` takes 0, 0,1 or 0-1 (the CPUs every process of the run is pinned to); a CPU this machine lacks
+    is a usage error, not a run on every core."""
+    import argparse
+    import os
+
+    sys.path.insert(0, str(ROOT))
+    from bench.__main__ import cpu_list
+
+    here = sorted(os.sched_getaffinity(0))
+    assert cpu_list(str(here[0])) == {here[0]}
+    if here == list(range(here[0], here[-1] + 1)):
+        assert cpu_list(f"{here[0]}-{here[-1]}") == set(here)
+    with pytest.raises(argparse.ArgumentTypeError, match="not a CPU list"):
+        cpu_list("first")
+    bad = subprocess.run([sys.executable, "-m", "bench", "--cpus", "4096"], check=False, capture_output=True,
+                         text=True, timeout=60, cwd=ROOT)
+    assert bad.returncode == 2 and "not available here" in bad.stderr
