@@ -4,8 +4,8 @@ litstream: an embedded broker, the lifecycle processor as a process, a LitStore 
 through three phases, each a Store API call per rollout that returns once its effect is readable from this store
 (read-your-writes): enqueue_rollout (once the broker holds the event: nothing can refuse a new rollout), then claims
 (dequeue, which first waits for this store's enqueues to be folded) until all are claimed, then
-update_attempt(rid, "latest", status="succeeded") (once the processor has folded it and this process has read the
-snapshot back); then wait_for_rollouts until all succeeded.
+update_attempt(rid, "latest", status="succeeded") (once the broker holds the event and this store's replica of the
+fold has folded it: one trip); then wait_for_rollouts until all succeeded.
 Once with one call in flight, once with 64 (asyncio tasks over one store), then enqueue_many_rollouts on its own
 (as many rollouts as each baseline run enqueues).
 
