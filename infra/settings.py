@@ -83,6 +83,9 @@ class Settings(BaseSettings):
     gateway_token: SecretStr | None = None
     # Origins a browser page may call the gateway from (CORS), comma-separated, or "*"; empty: CORS off.
     gateway_cors_origins: str = ""
+    # A line per request in the gateway's log (aiohttp's access log). Off by default: at the agent loop's call
+    # rates the lines cost the gateway a tenth of its CPU and fill its log.
+    gateway_access_log: bool = False
 
     # The policy endpoint (`litstream policy-server`): where it listens, and the API key its callers must send
     # (``Authorization: Bearer <key>``, what OpenAI clients send as ``api_key``); none: no check.

@@ -75,3 +75,20 @@ def test_gateway(gateway: tuple[str, Settings]) -> None:
             break
         time.sleep(0.5)
     assert [i["rollout_id"] for i in items] == [rid]
+    log = (gateway[1].data_dir / "logs" / "gateway.log").read_text()
+    assert "/v1/rollouts" not in log, "no access log unless LITSTREAM_GATEWAY_ACCESS_LOG asks for it"
+
+
+def test_access_log_when_asked_for(settings: Settings) -> None:
+    """LITSTREAM_GATEWAY_ACCESS_LOG=true: a line per request in the gateway's log."""
+    settings = settings.model_copy(update={"gateway_access_log": True})
+    port = free_port()
+    with Stack(settings) as s:
+        s.start("gateway", "gateway", "--port", str(port))
+        s.wait_ready("gateway", "gateway")
+        assert call(f"http://127.0.0.1:{port}/health", token=None) == (200, {"status": "ok"})
+        log = settings.data_dir / "logs" / "gateway.log"
+        deadline = time.monotonic() + 10
+        while '"GET /health' not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert '"GET /health' in log.read_text()
