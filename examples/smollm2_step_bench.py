@@ -37,7 +37,7 @@ def _freeze(model: torch.nn.Module, setting: str) -> None:
         model.get_input_embeddings().weight.requires_grad_(False)
         model.get_output_embeddings().weight.requires_grad_(False)
         return
-    top, head = setting.removeprefix("top-").split("+") if "+" in setting else (setting.removeprefix("top-"), "")
+    top, _, head = setting.removeprefix("top-").partition("+")
     train_top_layers(model, int(top))
     if head == "head":
         model.get_output_embeddings().weight.requires_grad_(True)
@@ -84,7 +84,8 @@ def main() -> None:
             learner.step(groups)
             times.append(time.perf_counter() - t0)
         samples = [s for g in groups for s in g]
-        results.append({"setting": setting, "threads": args.threads, "trained_params_M": round(trained / 1e6, 1), "samples": len(samples),
+        results.append({"setting": setting, "threads": args.threads, "trained_params_M": round(trained / 1e6, 1),
+                        "samples": len(samples),
                         "tokens": sum(len(s.prompt_token_ids) + len(s.response_token_ids) for s in samples),
                         "step_s": [round(t, 2) for t in times]})
         print(json.dumps(results[-1]), flush=True)

@@ -11,7 +11,6 @@ log-prob), so the policy learns to stop.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import re
@@ -34,6 +33,7 @@ import torch.nn.functional as F
 from litstream.infra.processes import stop_process
 
 from .checkpoint import load_checkpoint, load_weights_into
+from .policy import takes_logits_to_keep
 from .tokenizer import Tokenizer
 
 
@@ -74,8 +74,7 @@ class TorchEngine:
         # The prompt's pass needs the logits of its last position only: a Hugging Face model that takes
         # ``logits_to_keep`` skips the output layer on the others (for a short answer, the largest part of the
         # prompt's cost after the blocks: 49,152 logits a position for SmolLM2).
-        forward = inspect.signature(model.forward).parameters
-        self._last_logits: dict[str, int] = {"logits_to_keep": 1} if "logits_to_keep" in forward else {}
+        self._last_logits: dict[str, int] = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
 
     @classmethod
     def from_checkpoint(cls, path: str | Path) -> TorchEngine:

@@ -18,7 +18,6 @@ Conventions (those of TRL's GRPOTrainer and verl):
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -26,6 +25,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from .policy import takes_logits_to_keep
 
 
 def group_advantages(rewards: Sequence[float], group_ids: Sequence[Hashable], eps: float = 1e-6,
@@ -94,7 +95,7 @@ def response_logprobs(model: Any, batch: TokenBatch, with_entropy: bool = False,
     # model that takes ``logits_to_keep`` computes the output layer from the shortest prompt's last position on
     # only, not over every prompt token (the output layer is the largest single matrix of a small LM).
     first = int(batch.prompt_lens.min()) - 1
-    kwargs = {"logits_to_keep": L - first} if _takes_logits_to_keep(model) else {}
+    kwargs = {"logits_to_keep": L - first} if takes_logits_to_keep(model) else {}
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **kwargs).logits  # [B, L', V]
     B, kept, V = logits.shape
     offset = L - kept  # logits[:, i] are those of position offset + i
@@ -109,14 +110,6 @@ def response_logprobs(model: Any, batch: TokenBatch, with_entropy: bool = False,
     if with_entropy:
         entropy = -(logp_all.exp() * logp_all).sum(-1) * batch.response_mask
     return logp, entropy
-
-
-def _takes_logits_to_keep(model: Any) -> bool:
-    forward = getattr(model, "forward", None)
-    try:
-        return forward is not None and "logits_to_keep" in inspect.signature(forward).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 @dataclass

@@ -94,7 +94,8 @@ class GrpoLearner:
         self.step_count = step
         if self.cfg.train_top_layers is not None:
             train_top_layers(model, self.cfg.train_top_layers)
-        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=self.cfg.lr, betas=self.cfg.betas,
+        trained = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trained, lr=self.cfg.lr, betas=self.cfg.betas,
                                            weight_decay=self.cfg.weight_decay)
         if ref_model is None and self.cfg.loss.kl_beta > 0:
             ref_model = copy.deepcopy(model)  # the policy as it is now is the reference

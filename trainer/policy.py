@@ -6,6 +6,7 @@ matches transformers on checkpoints that carry an explicit ``lm_head.weight``.
 
 from __future__ import annotations
 
+import inspect
 import os
 import shutil
 from dataclasses import dataclass
@@ -141,3 +142,13 @@ def untie(model: Any) -> None:
 
 def parameter_count(model: Any) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def takes_logits_to_keep(model: Any) -> bool:
+    """Whether ``model``'s forward takes ``logits_to_keep`` (Hugging Face causal LMs since transformers 4.45): the
+    output layer is then computed for the last positions only."""
+    forward = getattr(model, "forward", None)
+    try:
+        return forward is not None and "logits_to_keep" in inspect.signature(forward).parameters
+    except (TypeError, ValueError):  # a forward without a signature to read (a compiled or C callable)
+        return False
