@@ -184,16 +184,23 @@ def test_an_offer_that_cannot_be_read_is_dead_lettered_and_the_next_one_is_run(s
 @pytest.mark.usefixtures("processor_running")
 def test_a_runners_replica_keeps_few_finished_rollouts(settings: Settings) -> None:
     """A runner's replica answers claims only, and a finished rollout is never on offer again: it keeps the
-    newest ``keep_finished`` of them, and every rollout still in play."""
+    newest ``keep_finished`` of them, and every rollout still in play. "Newest" is the replica's fold order;
+    across partitions only the replica's own order is defined, so each rollout is folded before the next one."""
 
     async def scenario() -> None:
         store = LitStore(settings)
         replica = RolloutReplica(settings, store.codec, keep_finished=2)
+
+        def folded_finished(rollout_id: str) -> bool | None:
+            state = replica.states.get(rollout_id)
+            return True if state is not None and state.status in FINISHED else None
+
         try:
             done = []
             for n in range(4):
                 ro = await store.start_rollout({"n": n})
                 await store.update_attempt(ro.rollout_id, ro.attempt.attempt_id, status="succeeded")
+                assert replica.wait_for(lambda rid=ro.rollout_id: folded_finished(rid), 30)
                 done.append(ro.rollout_id)
             waiting = await store.enqueue_rollout({"n": "open"})
             assert replica.wait_for(lambda: True if waiting.rollout_id in replica.states else None, 30)
