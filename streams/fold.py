@@ -153,10 +153,12 @@ def _enqueued(state: RolloutState | None, ev: RolloutEnqueued) -> Outcome:
     return Outcome(new, accepted=True, offer=None if started else Offer(1))
 
 
-def claimable(state: RolloutState, attempt_sequence: int) -> bool:
-    """Whether a claim of attempt number ``attempt_sequence`` would be accepted now. Once false it stays false
-    for that number (attempts are only added), so an offer it fails for is stale for good."""
-    return state.status in QUEUING and len(state.attempts) + 1 == attempt_sequence
+def offer_outdated(state: RolloutState, attempt_sequence: int) -> bool:
+    """Whether a claim of attempt number ``attempt_sequence`` can never win, judged from ``state``, which may be
+    older than the offer (a replica that has not folded the requeue behind it yet): the attempt it offers exists
+    already, or the rollout finished. Either stays true as the log goes on (attempts are only added; a finished
+    rollout is on offer again only through a forced start, which makes its own attempt)."""
+    return len(state.attempts) >= attempt_sequence or state.status in FINISHED
 
 
 def _attempt_started(state: RolloutState, ev: AttemptStarted) -> Outcome:

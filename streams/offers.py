@@ -249,12 +249,14 @@ class OfferReader:
     def _drop_stale(self, offers: list[tuple[RolloutOffered, tuple[int, int]]]
                     ) -> list[tuple[RolloutOffered, tuple[int, int]]]:
         """The offers whose claim could still win, as this store's replica knows the rollout: one it shows already
-        claimed (by a runner, or through the other offer of a rollout enqueued here) is handled without a claim."""
+        claimed (by a runner, or through the other offer of a rollout enqueued here) or finished is handled without
+        a claim. The replica may lag the offer (a retry offered before the replica folds the failure behind it):
+        that offer is claimed, and the claim, appended after the failure, is folded after it."""
         fresh: list[tuple[RolloutOffered, tuple[int, int]]] = []
         stale: list[tuple[RolloutOffered, tuple[int, int]]] = []
         for offer, where in offers:
             state = self.rollouts.states.get(offer.rollout_id)
-            (fresh if state is None or fold.claimable(state, offer.attempt_sequence) else stale).append((offer, where))
+            (stale if state is not None and fold.offer_outdated(state, offer.attempt_sequence) else fresh).append((offer, where))
         if stale:
             self.handled(stale)
         return fresh

@@ -13,7 +13,7 @@ from litstream.schemas.events import (
     RolloutUpdated,
     SequenceRequested,
 )
-from litstream.streams.fold import Offer, apply
+from litstream.streams.fold import Offer, apply, offer_outdated
 from litstream.streams.state import RolloutState
 
 RID = "ro-fold00000001"
@@ -82,6 +82,25 @@ def test_retry_then_fail_after_max_attempts() -> None:
     assert log.fold(log.claim(2, "at-b")).accepted
     log.fold(log.attempt("at-b", "failed", t=7.0))
     assert log.state.status == "failed" and log.state.end_time == 7.0  # type: ignore[union-attr]
+
+
+def test_an_offer_is_outdated_only_once_its_attempt_exists_or_the_rollout_finished() -> None:
+    """A replica may not have folded the failure behind a retry's offer yet: seen from there the rollout is still
+    running its first attempt, and the offer of the second must not be thrown away."""
+    log = Log()
+    log.fold(log.enqueue(max_attempts=2, retry_condition=["failed"]))
+    assert not offer_outdated(log.state, 1)  # type: ignore[arg-type]
+    log.fold(log.claim(1, "at-a"))
+    log.fold(log.beat("at-a"))
+    behind = log.state
+    assert behind is not None and behind.status == "running"
+    assert offer_outdated(behind, 1) and not offer_outdated(behind, 2)
+    log.fold(log.attempt("at-a", "failed"))
+    assert not offer_outdated(log.state, 2)  # type: ignore[arg-type]
+    log.fold(log.claim(2, "at-b"))
+    assert offer_outdated(log.state, 2)  # type: ignore[arg-type]
+    log.fold(log.rollout("cancelled"))
+    assert offer_outdated(log.state, 3)  # type: ignore[arg-type]
 
 
 def test_status_outside_retry_condition_fails() -> None:
