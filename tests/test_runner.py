@@ -17,7 +17,7 @@ from litstream.schemas.events import SpanRecorded
 from litstream.schemas.models import FINISHED, LLM, AttemptedRollout, NamedResources, ProxyLLM, RolloutConfig
 from litstream.streams.rollout_replica import RolloutReplica
 from litstream.workers.agent import LitAgent, as_agent, litagent
-from litstream.workers.runner import Runner
+from litstream.workers.runner import Runner, beat_interval
 from litstream.workers.sdk import AttemptContext
 from litstream.workers.store import LitStore
 
@@ -106,6 +106,38 @@ def test_a_failing_attempt_is_recorded_and_retried(settings: Settings) -> None:
             assert [a.status for a in attempts] == ["failed", "succeeded"]
             snap = store.rollouts.snapshots[ro.rollout_id]
             assert "RuntimeError: tool crashed" in (snap.attempts[0].error or "")
+        finally:
+            bg.stop()
+            await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_attempt_beats_three_times_within_its_rollouts_timeout() -> None:
+    assert beat_interval(5.0, None) == 5.0
+    assert beat_interval(5.0, 60.0) == 5.0
+    assert beat_interval(5.0, 3.0) == 1.0
+
+
+@pytest.mark.usefixtures("processor_running")
+def test_a_quiet_attempt_outlives_a_timeout_shorter_than_the_runners_beat(settings: Settings) -> None:
+    """An agent that writes no span for 3 s, under a 1.5 s ``unresponsive_seconds``: the runner beats often
+    enough that the attempt is never taken for a dead one (else it would be retried, then fail)."""
+
+    def quiet(task: Any) -> float:
+        time.sleep(3.0)
+        return 1.0
+
+    async def scenario() -> None:
+        store = LitStore(settings)
+        bg = Background(Runner(settings, quiet, concurrency=2))  # a free slot would claim a retry at once
+        try:
+            config = RolloutConfig(max_attempts=2, retry_condition=["unresponsive"], unresponsive_seconds=1.5)
+            ro = await store.enqueue_rollout({"q": 1}, config=config)
+            done = await finish(store, [ro.rollout_id])
+            attempts = (await store.query_attempts(ro.rollout_id)).items
+            assert done[ro.rollout_id].status == "succeeded"
+            assert [a.status for a in attempts] == ["succeeded"]
         finally:
             bg.stop()
             await store.close()

@@ -47,6 +47,15 @@ RUNNER_SERIES = {
 CLAIM_RETRY_S = 1.0  # the pause before claiming again after claims went unanswered (the broker is away)
 RUNNER_KEEP_FINISHED = 10_000  # finished rollouts the runner's replica keeps (none is on offer again)
 RESOURCES_WAIT_S = 30.0  # how long an attempt waits for its rollout's resources to reach this runner's view
+BEATS_PER_TIMEOUT = 3  # heartbeats an attempt sends within its rollout's unresponsive_seconds
+
+
+def beat_interval(heartbeat_s: float, unresponsive_seconds: float | None) -> float:
+    """Seconds between an attempt's heartbeats: the runner's interval, or less when the rollout's config would
+    time the attempt out sooner, so that a live attempt is never taken for a dead one."""
+    if unresponsive_seconds is None:
+        return heartbeat_s
+    return min(heartbeat_s, unresponsive_seconds / BEATS_PER_TIMEOUT)
 
 
 class Runner:
@@ -169,7 +178,8 @@ class Runner:
                              worker_id=self.worker_id, first_sequence_id=first_sequence_id)
         self._running[ctx.attempt_id] = ctx
         stop_beats = threading.Event()
-        beats = threading.Thread(target=self._beat_attempt, args=(ctx, stop_beats), daemon=True)
+        every_s = beat_interval(self.heartbeat_s, rollout.config.unresponsive_seconds)
+        beats = threading.Thread(target=self._beat_attempt, args=(ctx, stop_beats, every_s), daemon=True)
         reward: Any = None
         try:
             ctx.heartbeat()  # the attempt is running
@@ -195,8 +205,9 @@ class Runner:
             self.stats["spans"] += ctx.spans_emitted
         self.progress.record(outcome, reward if reward is not None else ctx.last_reward, resources_id)
 
-    def _beat_attempt(self, ctx: AttemptContext, stop: threading.Event) -> None:
-        while not stop.wait(self.heartbeat_s):
+    @staticmethod
+    def _beat_attempt(ctx: AttemptContext, stop: threading.Event, every_s: float) -> None:
+        while not stop.wait(every_s):
             ctx.heartbeat()
 
     def _drain(self) -> None:
@@ -209,7 +220,7 @@ class Runner:
             log.warning("releasing attempt %s of %s: the runner is stopping", ctx.attempt_id, ctx.rollout_id)
             ctx.finish("failed", error="released: the runner stopped before the attempt finished")
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self.events.flush()
+        self.events.close()  # delivers the releases; a producer left open retries a stopped broker for ever
         self.resources.close()
 
 
