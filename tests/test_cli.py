@@ -14,6 +14,7 @@ import pytest
 from litstream.app.stack import Stack, settings_env
 from litstream.infra.clickhouse import ClickHouse
 from litstream.infra.settings import Settings
+from tests.waiting import until
 
 COMMANDS = [[], ["demo"], ["up"], ["status"], ["topics"], ["topics", "create"], ["topics", "list"], ["process"],
             ["process", "lifecycle"], ["process", "span-sink"], ["process", "triplets"], ["process", "trainer"],
@@ -145,9 +146,13 @@ def test_cancel_show_and_the_dead_letter_of_a_refused_cancel(processor_running: 
     show = _cli(settings, "rollout", "show", rid)
     assert show.returncode == 0 and f"{rid}: cancelled" in show.stdout and "attempts" in show.stdout
     assert _cli(settings, "rollout", "show", "ro-unknown").returncode == 1
-    dlq = _cli(settings, "dlq", "tail", "--json")
-    letters = [json.loads(line) for line in dlq.stdout.splitlines()]
-    assert any("already cancelled" in lt["reason"] and rid in lt["event"] for lt in letters), dlq.stdout
+
+    def refused_cancel_letter() -> bool:  # the processor dead-letters it, a moment after the CLI's own answer
+        dlq = _cli(settings, "dlq", "tail", "--json")
+        letters = [json.loads(line) for line in dlq.stdout.splitlines()]
+        return any("already cancelled" in lt["reason"] and rid in lt["event"] for lt in letters)
+
+    until("the refused cancel's dead letter", refused_cancel_letter, timeout=60, every=1.0)
     assert _cli(settings, "dlq", "tail", "--topic", "nope").returncode == 2
 
 

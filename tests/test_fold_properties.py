@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from litstream.schemas.events import (
@@ -111,7 +111,7 @@ def _public(state: RolloutState | None) -> Any:
     return None if state is None else state.snapshot().model_dump(mode="json")
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(logs())
 def test_interleavings_and_redeliveries_fold_to_the_in_order_state(data: tuple[list[list[Event]], list[Event]]) -> None:
     per_rollout, merged = data
@@ -121,7 +121,7 @@ def test_interleavings_and_redeliveries_fold_to_the_in_order_state(data: tuple[l
         assert _public(got.get(rid)) == _public(state)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(logs())
 def test_state_through_the_table_folds_like_state_in_memory(data: tuple[list[list[Event]], list[Event]]) -> None:
     """The processor keeps state as JSON in its table; replay keeps objects. Both must agree at every step."""
@@ -141,7 +141,7 @@ def test_state_through_the_table_folds_like_state_in_memory(data: tuple[list[lis
         assert RolloutState.model_validate(table[rid]) == state
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(logs())
 def test_terminal_rollouts_stay_terminal(data: tuple[list[list[Event]], list[Event]]) -> None:
     _, merged = data

@@ -193,7 +193,11 @@ def test_bad_messages_on_every_topic_become_dead_letters_and_the_pipeline_goes_o
                 h = got[value]
                 assert h[REASON], (role, processor, what)
                 assert h["litstream.dlq.error_type"] in (b"decode", b"invalid"), (role, processor, what, h)
-    lifecycle_letters = {m.value(): headers_dict(m) for m in read_to_end(settings, topics.dlq("rollout-events"))}
+    def lifecycle_letters_of_all() -> dict[bytes | None, dict[str, bytes]] | None:
+        found = {m.value(): headers_dict(m) for m in read_to_end(settings, topics.dlq("rollout-events"))}
+        return found if set(refused) <= set(found) else None
+
+    lifecycle_letters = until("the lifecycle processor's dead letters", lifecycle_letters_of_all)
     for value, what in refused.items():
         assert value in lifecycle_letters, what
         assert lifecycle_letters[value][REASON] and lifecycle_letters[value]["litstream.dlq.error_type"] in (

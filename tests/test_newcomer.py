@@ -11,7 +11,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,6 +93,23 @@ def _rollouts_done(s: Session, n: int) -> bool:
     return len(snaps) == n and all(x["status"] == "succeeded" for x in snaps)
 
 
+def _spans_settled(s: Session, rollouts: int) -> Callable[[], int | None]:
+    """A check for ``until``: the count of stored spans once ``rollouts`` rollouts have spans and the count held
+    between two reads (the sink inserts a batch every half second; a rollout may be visible before its last
+    spans are)."""
+    last: list[int] = []
+
+    def settled() -> int | None:
+        if s.sql_value("SELECT uniqExact(rollout_id) FROM spans FINAL") != str(rollouts):
+            return None
+        now = int(s.sql_value("SELECT count() FROM spans FINAL"))
+        held = bool(last) and last[-1] == now
+        last.append(now)
+        return now if held else None
+
+    return settled
+
+
 def _start_and_check_status_while_starting(s: Session) -> None:
     early = s.run("status")  # while `up` is starting: a diagnosis, never a crash, never chDB opened here
     assert early.returncode in (0, 1) and "Traceback" not in early.stdout + early.stderr
@@ -147,9 +164,7 @@ def test_a_newcomers_session(session: Session) -> None:
     s = session
     _start_and_check_status_while_starting(s)
     _enqueue_and_run(s, 3)
-    until("3 rollouts with spans", lambda: s.sql_value("SELECT uniqExact(rollout_id) FROM spans FINAL") == "3",
-          timeout=120)
-    spans_before = int(s.sql_value("SELECT count() FROM spans FINAL"))
+    spans_before = until("3 rollouts' spans, all stored", _spans_settled(s, 3), timeout=120, every=1.5)
     _sql_cannot_change_anything(s)
     report = s.run("report")
     assert report.returncode == 0 and "Reward by resources version" in report.stdout, report.stderr
@@ -157,9 +172,8 @@ def test_a_newcomers_session(session: Session) -> None:
 
     _killed_child_comes_back(s)
     _enqueue_and_run(s, 2)  # the stack keeps ingesting after the restart, and loses nothing
-    until("5 rollouts with spans", lambda: s.sql_value("SELECT uniqExact(rollout_id) FROM spans FINAL") == "5",
-          timeout=120)
-    assert int(s.sql_value("SELECT count() FROM spans FINAL")) == spans_before * 5 // 3
+    spans_after = until("5 rollouts' spans, all stored", _spans_settled(s, 5), timeout=120, every=1.5)
+    assert spans_after == spans_before * 5 // 3
     until("5 rollouts succeeded", lambda: _rollouts_done(s, 5), timeout=120)
 
     children = [s.health(role).get("pid") for role in ("lifecycle", "span-sink", "gateway")]

@@ -244,7 +244,12 @@ def test_a_client_that_disconnects_mid_stream_does_not_stop_the_server(settings:
         sock.close()
         after = client(server).chat.completions.create(model="m", messages=MESSAGES, max_tokens=3)
         assert after.choices[0].message.content is not None
-        cut = until("the cut call recorded", lambda: [s for s in spans(settings) if s.status_code == "ERROR"])
+
+        def all_choices_cut() -> list[Any] | None:  # the n choices' spans leave one by one: wait for them all
+            errors = [s for s in spans(settings) if s.status_code == "ERROR"]
+            return errors if len(errors) >= 8 else None
+
+        cut = until("the cut call recorded", all_choices_cut)
     # the tokens were sampled: the spans keep them, marked as not all delivered
     assert len(cut) == 8 and all(s.attributes["litstream.stream.disconnected"] is True for s in cut)
     assert "disconnected" in str(cut[0].status_message)
