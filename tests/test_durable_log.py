@@ -503,6 +503,8 @@ def test_state_topics_are_compacted_and_rebuild_the_same_state(eager_cleaner: Se
             for name in compacted:
                 _alter(settings, ResourceType.TOPIC, name, AlterConfigOpType.SET, segment_ms="100",
                        min_cleanable_dirty_ratio="0.01", min_compaction_lag_ms="0")
+            until("the new segment.ms in effect",
+                  lambda: all(_config(settings, name)["segment.ms"] == "100" for name in compacted), timeout=30)
             time.sleep(0.3)  # only closed segments are cleaned: the next record closes the one open till now
             marker = d.enqueue({"marker": True})
             d.wait(marker, lambda s: s.status == "queuing")

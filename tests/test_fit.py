@@ -385,9 +385,11 @@ def test_a_runner_killed_during_fit_is_restarted_and_its_rollouts_retried(tmp_pa
             attempts.update({rid: len(snap.attempts) for rid, snap in view.catch_up().items()})
 
     threading.Thread(target=kill_the_runner_once_it_works, daemon=True).start()
-    tasks = [{"seconds": 3.0, "i": i} for i in range(4)]
+    # Tasks long enough that the kill, up to ~2.5 s after the first claim (the health file is written every 2 s),
+    # lands while they run on a loaded machine.
+    tasks = [{"seconds": 8.0, "i": i} for i in range(4)]
     summary = Trainer(algorithm=Baseline(), n_runners=1, concurrency=4, settings=settings, quiet=True,
-                      rollout_config=RolloutConfig(unresponsive_seconds=6, max_attempts=3,
+                      rollout_config=RolloutConfig(unresponsive_seconds=8, max_attempts=3,
                                                    retry_condition=["unresponsive"]),
                       on_finish=count_attempts).fit("tests.fit_agents:slow_agent", tasks)
     assert killed, "the runner never reported work"

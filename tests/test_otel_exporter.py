@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -159,12 +158,12 @@ def test_full_queue_drops_the_newest_without_blocking(settings: Settings, events
     with tracer.start_as_current_span("s0"):
         pass
     assert stalled.entered.wait(5)  # s0 is held by the background thread; the queue is empty
-    began = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="litstream.otel"):
         for i in range(1, 7):
             with tracer.start_as_current_span(f"s{i}"):
                 pass
-    assert time.monotonic() - began < 1.0  # the agent's thread never waits for Kafka
+    # The agent's thread never waits for Kafka: had it waited for room, the held export would have made some, and
+    # nothing would have been dropped.
     stats = stalled.stats()
     assert (stats["queued"], stats["dropped_queue_full"]) == (4, 3)
     assert [r for r in caplog.records if "queue is full" in r.getMessage()]

@@ -260,9 +260,9 @@ def test_spans_appended_after_the_end_was_reached_are_waited_for(settings: Setti
         assert processor._spans_read_to_end(0)
         raw.produce(spans_topic, key=b"k", value=b"second", partition=0)
         raw.flush(10)
-        time.sleep(1.5)  # the client fetches it into its queue (and learns the new end); nothing is consumed
+        # the client fetches it into its queue and learns the new end; nothing is consumed
+        until("the new end learned", lambda: not processor._spans_read_to_end(0), timeout=30)
         assert 0 in processor.loop.ends[spans_topic].at_end  # the flag alone would say "at the end"
-        assert not processor._spans_read_to_end(0)
         pump(until_eof=True)
         assert processor._spans_read_to_end(0)
     finally:
