@@ -109,8 +109,11 @@ def one_run(rollouts: int) -> dict[str, tuple[float, ...]]:
         finally:
             sink.close()
         processor = TripletProcessor(settings, limits=Limits(settle_ms=0))
-        out["triplets"] = drain(broker.proc.pid, processor, lambda: processor.stats["attempts"] >= rollouts
-                                and not processor.collector.pending)
+        try:
+            out["triplets"] = drain(broker.proc.pid, processor, lambda: processor.stats["attempts"] >= rollouts
+                                    and not processor.collector.pending)
+        finally:
+            processor.close()
     return out
 
 

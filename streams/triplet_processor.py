@@ -102,6 +102,10 @@ class TripletProcessor(Work[Incoming]):
     def stop(self) -> None:
         self.loop.stop()
 
+    def close(self) -> None:
+        """After :meth:`run`: let the producer go (one kept past its broker retries it for ever)."""
+        self.events.close()
+
     def report(self) -> Mapping[str, Any]:
         c, letters = self.collector, self.loop.letters
         return {**self.stats, **c.counts, "dead_letters": letters.seen, "decode_errors": letters.kinds["decode"],

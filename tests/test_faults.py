@@ -118,8 +118,9 @@ def test_every_input_topic_redelivered_shuffled_changes_nothing(settings: Settin
             records = {role: list(read_to_end(settings, topics.name(role)))
                        for role in ("rollout-events", "spans", "triplets", "resources")}
             n = {role: len(msgs) for role, msgs in records.items()}
-            _wait_health(settings, "span-sink", lambda h: (h["inserted"], h["events"], h["triplets"]) ==
-                         (n["spans"], n["rollout-events"], n["triplets"]))
+            # caught up (a redelivery after a rebalance may have counted a record twice: at least, not exactly)
+            _wait_health(settings, "span-sink", lambda h: h["inserted"] >= n["spans"]
+                         and h["events"] >= n["rollout-events"] and h["triplets"] >= n["triplets"])
             before_state = {r: s.model_dump() for r, s in d.view.catch_up().items()}
             before_rows = {t: query(dsn, f"SELECT * EXCEPT {x} FROM {t} FINAL ORDER BY ALL").rows for t, x in tables.items()}
             before_resources = _resources(settings)

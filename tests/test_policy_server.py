@@ -354,7 +354,8 @@ def test_an_agents_calls_reach_clickhouse_and_become_triplets(pipeline: Settings
     v0 = tiny_checkpoint(tmp_path, 0, seed=0)
     backend = torch_backend(TorchEngine.from_checkpoint(v0), "tiny-policy")
     processor = TripletProcessor(settings, limits=Limits(settle_ms=300), poll_s=0.05)
-    threading.Thread(target=processor.run, daemon=True).start()
+    processing = threading.Thread(target=processor.run, daemon=True)
+    processing.start()
     runner = Runner(settings, openai_agent, concurrency=2)
     with ServerThread(settings, backend, publish=True) as server:
         publish_policy(settings, 0, v0)
@@ -371,6 +372,8 @@ def test_an_agents_calls_reach_clickhouse_and_become_triplets(pipeline: Settings
         found = until("a triplet per rollout", all_triplets, timeout=180)
         runner.stop_event.set()
     processor.stop_event.set()
+    processing.join(60)
+    processor.close()
     calls = {s.rollout_id: s for s in spans(settings) if s.name.startswith("chat ")}
     for _, t in found:
         span = calls[t.rollout_id]

@@ -118,3 +118,4 @@ def test_a_spans_partition_assigned_again_is_not_read_to_the_end_before_it_is_fe
             serve()
     finally:
         c.close()
+        processor.close()

@@ -41,6 +41,7 @@ class Running:
         self.processor.stop_event.set()
         self.thread.join(60)
         assert not self.thread.is_alive()
+        self.processor.close()
 
 
 def triplets(settings: Settings) -> list[tuple[bytes, TripletEmitted]]:
@@ -267,3 +268,4 @@ def test_spans_appended_after_the_end_was_reached_are_waited_for(settings: Setti
         assert processor._spans_read_to_end(0)
     finally:
         processor.loop.consumer.close()
+        processor.close()
