@@ -117,6 +117,7 @@ def test_an_attempt_beats_three_times_within_its_rollouts_timeout() -> None:
     assert beat_interval(5.0, None) == 5.0
     assert beat_interval(5.0, 60.0) == 5.0
     assert beat_interval(5.0, 3.0) == 1.0
+    assert beat_interval(5.0, 0.01) == 0.25  # a floor: no flood of beats
 
 
 @pytest.mark.usefixtures("processor_running")

@@ -48,14 +48,15 @@ CLAIM_RETRY_S = 1.0  # the pause before claiming again after claims went unanswe
 RUNNER_KEEP_FINISHED = 10_000  # finished rollouts the runner's replica keeps (none is on offer again)
 RESOURCES_WAIT_S = 30.0  # how long an attempt waits for its rollout's resources to reach this runner's view
 BEATS_PER_TIMEOUT = 3  # heartbeats an attempt sends within its rollout's unresponsive_seconds
+MIN_BEAT_S = 0.25  # however short that timeout, no attempt floods the log with beats
 
 
 def beat_interval(heartbeat_s: float, unresponsive_seconds: float | None) -> float:
     """Seconds between an attempt's heartbeats: the runner's interval, or less when the rollout's config would
-    time the attempt out sooner, so that a live attempt is never taken for a dead one."""
+    time the attempt out sooner, so that a live attempt is never taken for a dead one (down to ``MIN_BEAT_S``)."""
     if unresponsive_seconds is None:
         return heartbeat_s
-    return min(heartbeat_s, unresponsive_seconds / BEATS_PER_TIMEOUT)
+    return min(heartbeat_s, max(unresponsive_seconds / BEATS_PER_TIMEOUT, MIN_BEAT_S))
 
 
 class Runner:
