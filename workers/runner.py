@@ -87,7 +87,8 @@ class Runner:
         self.claims = Claims(log_writer, offers)
         self.resources = ResourcesView(settings, self.events.codec)
         self._resources_caught_up = False
-        self._running: dict[str, AttemptContext] = {}  # attempt id -> context, for a stop that releases them
+        # attempt id -> its context and its beats' stop, for a stop that releases them
+        self._running: dict[str, tuple[AttemptContext, threading.Event]] = {}
         self._slots = threading.Semaphore(concurrency)
         self._stats_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="agent")
@@ -177,8 +178,8 @@ class Runner:
         resources_id, resources = self._resources_for(rollout)
         ctx = AttemptContext(self.events, rollout.rollout_id, rollout.attempt.attempt_id, resources_id=resources_id,
                              worker_id=self.worker_id, first_sequence_id=first_sequence_id)
-        self._running[ctx.attempt_id] = ctx
         stop_beats = threading.Event()
+        self._running[ctx.attempt_id] = (ctx, stop_beats)
         every_s = beat_interval(self.heartbeat_s, rollout.config.unresponsive_seconds)
         beats = threading.Thread(target=self._beat_attempt, args=(ctx, stop_beats, every_s), daemon=True)
         reward: Any = None
@@ -209,7 +210,12 @@ class Runner:
     @staticmethod
     def _beat_attempt(ctx: AttemptContext, stop: threading.Event, every_s: float) -> None:
         while not stop.wait(every_s):
-            ctx.heartbeat()
+            try:
+                ctx.heartbeat()
+            except Exception as exc:  # noqa: BLE001 - the next beat tries again; a stopping runner ends the beats
+                if stop.is_set():
+                    return
+                log.warning("heartbeat of attempt %s failed: %s", ctx.attempt_id, exc)
 
     def _drain(self) -> None:
         """Let in-flight attempts finish for up to ``drain_s``; release the rest (failed, so they are retried per
@@ -217,7 +223,8 @@ class Runner:
         deadline = time.monotonic() + self.drain_s
         while self._inflight and time.monotonic() < deadline:
             time.sleep(0.05)
-        for ctx in list(self._running.values()):
+        for ctx, stop_beats in list(self._running.values()):
+            stop_beats.set()  # a released attempt beats no more (and not into the producer closed below)
             log.warning("releasing attempt %s of %s: the runner is stopping", ctx.attempt_id, ctx.rollout_id)
             ctx.finish("failed", error="released: the runner stopped before the attempt finished")
         self._pool.shutdown(wait=False, cancel_futures=True)
