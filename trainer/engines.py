@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from litstream.infra.processes import stop_process
 
 from .checkpoint import load_checkpoint, load_weights_into
+from .constrained import ToolCallGrammar
 from .policy import takes_logits_to_keep
 from .tokenizer import Tokenizer
 
@@ -52,7 +53,11 @@ class InferenceEngine(Protocol):
     def version(self) -> int: ...
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, seed: int | None = None) -> list[Generation]: ...
+                 top_p: float = 1.0, seed: int | None = None,
+                 grammar: ToolCallGrammar | None = None) -> list[Generation]:
+        """With ``grammar``, every sequence is constrained to it (``trainer.constrained``); log-probs stay those
+        of the tempered distribution before the grammar's mask."""
+        ...
 
     def apply_version(self, version: int, checkpoint_dir: str | Path) -> float:
         """Serve the weights in ``checkpoint_dir`` as ``version`` from now on; returns the seconds it took."""
@@ -96,7 +101,10 @@ class TorchEngine:
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, seed: int | None = None) -> list[Generation]:
+                 top_p: float = 1.0, seed: int | None = None,
+                 grammar: ToolCallGrammar | None = None) -> list[Generation]:
+        if grammar is not None:
+            raise NotImplementedError("constrained decoding is not wired into TorchEngine yet")
         if not prompts:
             return []
         if any(len(p) == 0 for p in prompts):
@@ -216,7 +224,10 @@ class VllmEngine:
         return json.loads(raw) if raw.strip() else None
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, seed: int | None = None) -> list[Generation]:
+                 top_p: float = 1.0, seed: int | None = None,
+                 grammar: ToolCallGrammar | None = None) -> list[Generation]:
+        if grammar is not None:
+            raise NotImplementedError("constrained decoding is not wired into VllmEngine yet")
         if not prompts:
             return []
         if seed is None:  # one batched request
