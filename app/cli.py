@@ -599,7 +599,8 @@ def gateway(host: str | None, port: int | None) -> None:
               help="Torch engine: how long the first call of an idle engine waits for others to share its batch "
                    "(calls arriving while it samples are batched anyway).")
 @click.option("--max-tokens", "max_tokens", default=256, show_default=True,
-              help="max_tokens when a request gives none (capped by the model's context).")
+              help="max_tokens when a request gives none and the served policy names none (capped by the "
+                   "model's context).")
 def policy_server(host: str | None, port: int | None, checkpoint: str | None, model: str | None,
                   upstream: str | None, upstream_model: str | None, tokenizer: str | None,
                   upstream_api_key: str | None, name: str | None,
@@ -619,6 +620,7 @@ def policy_server(host: str | None, port: int | None, checkpoint: str | None, mo
     """
     from litstream.workers.policy_server.backends import build_backend
     from litstream.workers.policy_server.process import ServerOptions, run
+    from litstream.workers.policy_server.sampling_defaults import initial_defaults
 
     _logging()
     tune_gc_for_service()
@@ -631,7 +633,8 @@ def policy_server(host: str | None, port: int | None, checkpoint: str | None, mo
         _fail(str(exc))
     options = ServerOptions(host=host or settings.policy_server_host,
                             port=port if port is not None else settings.policy_server_port,
-                            publish=publish, public_url=public_url, default_max_tokens=max_tokens)
+                            publish=publish, public_url=public_url, default_max_tokens=max_tokens,
+                            sampling=initial_defaults(model, checkpoint, tokenizer))
     try:
         _serve(lambda: run(settings, backend, options))
     except LookupError as exc:  # a topic is missing

@@ -161,6 +161,8 @@ def span_to_triplet(span: TraceSpan, agent_name: str) -> Triplet:
     usage = sa.under(a, "gen_ai.usage")
     if usage:
         metadata["usage"] = usage
+    if a.get("litstream.constrained") is True:  # decoded under a grammar: not the policy's own distribution
+        metadata["constrained"] = True
     version = a.get(POLICY_VERSION_ATTR)  # the version that generated it, when the agent knows (policy_agent.py)
     if isinstance(version, int) and not isinstance(version, bool) and version >= 0:
         metadata["policy_version"] = version

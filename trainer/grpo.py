@@ -85,11 +85,12 @@ def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], p
     return TokenBatch(input_ids, attn, prompt_lens, resp_mask, resp_ids)
 
 
-def response_logprobs(model: Any, batch: TokenBatch, with_entropy: bool = False, temperature: float = 1.0,
-                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def response_logprobs(model: Any, batch: TokenBatch, with_entropy: bool = False,
+                      temperature: float | Sequence[float] = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs [B, R] of each response token given everything before it, under the softmax of the logits
-    divided by ``temperature`` (the distribution the engine sampled from; <= 0, greedy, scores untempered), and
-    optionally the entropy [B, R] of that distribution. Masked positions hold 0."""
+    divided by ``temperature`` (the distribution the engine sampled from; <= 0, greedy, scores untempered): one
+    for the batch, or one per sequence (each sample scored as it was drawn). Optionally the entropy [B, R] of
+    that distribution. Masked positions hold 0."""
     L = batch.input_ids.shape[1]
     # The token at position t is predicted by the logits at t - 1: response token j by position plen - 1 + j. A
     # model that takes ``logits_to_keep`` computes the output layer from the shortest prompt's last position on
@@ -102,14 +103,23 @@ def response_logprobs(model: Any, batch: TokenBatch, with_entropy: bool = False,
     R = batch.response_ids.shape[1]
     pos = (batch.prompt_lens.unsqueeze(1) - 1 + torch.arange(R).unsqueeze(0)).clamp(max=L - 1) - offset  # [B, R]
     picked = logits.gather(1, pos.unsqueeze(-1).expand(B, R, V)).float()  # [B, R, V]
-    if temperature > 0 and temperature != 1.0:
-        picked = picked / temperature
+    picked = _tempered(picked, temperature)
     logp_all = F.log_softmax(picked, dim=-1)
     logp = logp_all.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1) * batch.response_mask
     entropy = None
     if with_entropy:
         entropy = -(logp_all.exp() * logp_all).sum(-1) * batch.response_mask
     return logp, entropy
+
+
+def _tempered(logits: torch.Tensor, temperature: float | Sequence[float]) -> torch.Tensor:
+    """``logits`` [B, R, V] divided by the temperature, per sequence when given one each (<= 0: untempered)."""
+    if isinstance(temperature, (int, float)):
+        return logits / temperature if temperature > 0 and temperature != 1.0 else logits
+    if len(temperature) != logits.shape[0]:
+        raise ValueError(f"{len(temperature)} temperatures for {logits.shape[0]} sequences")
+    t = torch.tensor([x if x > 0 else 1.0 for x in temperature], dtype=logits.dtype, device=logits.device)
+    return logits / t.view(-1, 1, 1)
 
 
 @dataclass

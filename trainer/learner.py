@@ -14,6 +14,7 @@ import torch
 
 from .checkpoint import load_checkpoint, save_checkpoint
 from .grpo import LossConfig, LossStats, group_advantages, grpo_loss, pack, response_logprobs
+from .sampling import left_out_counts, temperature_of, why_left_out
 from .signals import lr_factor
 from .tokenizer import Tokenizer
 from .windows import Group, Sample
@@ -49,8 +50,9 @@ class LearnerConfig:
     # policy gradient): Adam's step has the same size whatever the gradient's, so without this a window of
     # mostly solved groups moves the policy as far as one full of signal.
     lr_by_signal: bool = False
-    # The temperature the engine sampled at: log-probs, ratio, KL and entropy are those of the logits divided by
-    # it, the distribution the engine sampled from and reported its log-probs under (engines.Generation).
+    # The temperature a sample was drawn at when its span recorded none (the one the trainer publishes). Each
+    # sample is scored at its own (trainer/sampling.py): log-probs, ratio, KL and entropy are those of the logits
+    # divided by it, the distribution the engine sampled from and reported its log-probs under.
     temperature: float = 1.0
     # Train only the top N transformer blocks and the final norm (None: every parameter). The embeddings, the
     # output layer and the blocks below are frozen: they get no gradient, the optimizer does not hold them, and
@@ -79,6 +81,7 @@ class StepStats:
     zero_adv_groups: int  # groups whose members all scored the same: no signal
     version_lag: float  # mean (version before the step - sample's policy version), versioned samples only
     seconds: float
+    left_out: dict[str, int] = field(default_factory=dict)  # samples left out of the loss, by reason (sampling.py)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -114,7 +117,6 @@ class GrpoLearner:
             raise ValueError("nothing to train on")
         rewards = [s.reward for s in samples]
         advs = group_advantages(rewards, gids, eps=self.cfg.adv_eps, unbiased=self.cfg.unbiased_std)
-        total_tokens = sum(len(s.response_token_ids) for s in samples)
         by_group: dict[str, list[float]] = {}
         for s, g in zip(samples, gids):
             by_group.setdefault(g, []).append(s.reward)
@@ -129,11 +131,16 @@ class GrpoLearner:
         if self.cfg.entropy_fade and loss_cfg.entropy_coef:
             solved = min(1.0, max(0.0, sum(rewards) / len(rewards)))
             loss_cfg = replace(loss_cfg, entropy_coef=loss_cfg.entropy_coef * (1.0 - solved))
+        # Every reward counts in its group's advantages; only samples the learner can score take part in the loss.
+        scored = [i for i, s in enumerate(samples) if why_left_out(s, self.cfg.temperature) is None]
+        train, train_advs = [samples[i] for i in scored], [advs[i] for i in scored]
+        total_tokens = sum(len(s.response_token_ids) for s in train)
         self.model.train()
-        batches = self._micro_batches(samples)
-        prox = self._proximal_logprobs(samples, batches) if self.cfg.loss.decoupled else None
-        for _ in range(max(self.cfg.epochs, 1)):
-            agg, loss_sum, grad_norm = self._update(samples, advs, batches, total_tokens, prox, loss_cfg)
+        batches = self._micro_batches(train)
+        prox = self._proximal_logprobs(train, batches) if self.cfg.loss.decoupled and train else None
+        agg, loss_sum, grad_norm = LossStats(0, 0, 0, 0, 0), 0.0, 0.0
+        for _ in range(max(self.cfg.epochs, 1) if train else 0):
+            agg, loss_sum, grad_norm = self._update(train, train_advs, batches, total_tokens, prox, loss_cfg)
         self.model.eval()
         lags = [self.version - s.policy_version for s in samples if s.policy_version is not None]
         self.version += 1
@@ -144,9 +151,9 @@ class GrpoLearner:
             tokens=total_tokens, micro_batches=len(batches), loss=loss_sum, clip_frac=agg.clipped / n,
             kl=agg.kl / n, ratio_mean=agg.ratio / n, entropy=agg.entropy / n, grad_norm=grad_norm,
             reward_mean=sum(rewards) / len(rewards), adv_abs_mean=sum(abs(a) for a in advs) / len(advs),
-            lr=lr, entropy_coef=loss_cfg.entropy_coef,
-            zero_adv_groups=flat,
-            version_lag=sum(lags) / len(lags) if lags else 0.0, seconds=time.perf_counter() - t0)
+            lr=lr, entropy_coef=loss_cfg.entropy_coef, zero_adv_groups=flat,
+            version_lag=sum(lags) / len(lags) if lags else 0.0, seconds=time.perf_counter() - t0,
+            left_out=dict(left_out_counts(samples, self.cfg.temperature)))
 
     @torch.no_grad()
     def _proximal_logprobs(self, samples: list[Sample], batches: list[list[int]]) -> list[torch.Tensor]:
@@ -155,7 +162,8 @@ class GrpoLearner:
         for idx in batches:
             batch = pack([samples[i].prompt_token_ids for i in idx], [samples[i].response_token_ids for i in idx],
                          self.tokenizer.pad_id)
-            out.append(response_logprobs(self.model, batch, temperature=self.cfg.temperature)[0])
+            out.append(response_logprobs(self.model, batch, temperature=self._temperatures(
+                [samples[i] for i in idx]))[0])
         return out
 
     def _update(self, samples: list[Sample], advs: list[float], batches: list[list[int]], total_tokens: int,
@@ -187,8 +195,9 @@ class GrpoLearner:
         loss_cfg = loss_cfg or self.cfg.loss
         batch = pack([s.prompt_token_ids for s in samples], [s.response_token_ids for s in samples],
                      self.tokenizer.pad_id)
+        temperatures = self._temperatures(samples)
         logp, entropy = response_logprobs(self.model, batch, with_entropy=self.cfg.with_entropy,
-                                          temperature=self.cfg.temperature)
+                                          temperature=temperatures)
         old = torch.zeros_like(logp)
         for b, s in enumerate(samples):
             n = len(s.response_token_ids)
@@ -199,11 +208,15 @@ class GrpoLearner:
         ref = None
         if self.ref_model is not None:
             with torch.no_grad():
-                ref, _ = response_logprobs(self.ref_model, batch, temperature=self.cfg.temperature)
+                ref, _ = response_logprobs(self.ref_model, batch, temperature=temperatures)
         if entropy is not None and not loss_cfg.entropy_coef:
             entropy = entropy.detach()
         return grpo_loss(logp, old, torch.tensor(advs, dtype=logp.dtype), batch.response_mask, loss_cfg,
                          ref_logp=ref, entropy=entropy, normalizer=float(max(normalizer, 1)), prox_logp=prox)
+
+    def _temperatures(self, samples: Sequence[Sample]) -> list[float]:
+        """Each sample's own temperature (the published one where its span recorded none)."""
+        return [temperature_of(s, self.cfg.temperature) for s in samples]
 
     def _micro_batches(self, samples: list[Sample]) -> list[list[int]]:
         """Greedy packing, longest first, so that n * longest <= micro_batch_tokens (at least one each)."""

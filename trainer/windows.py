@@ -43,6 +43,12 @@ class Sample:
     response_token_ids: Sequence[int]
     response_logprobs: Sequence[float]  # from the generating engine: the old log-probs of GRPO
     reward: float
+    # How the response was drawn, as its LLM span recorded the request (None: not recorded). The learner scores
+    # each sample at its own temperature (trainer/sampling.py).
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    constrained: bool = False  # decoded under a grammar (a forced tool call)
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -128,10 +134,27 @@ def triplet_version(t: TripletEmitted) -> int | None:
 def to_sample(t: TripletEmitted) -> Sample:
     if t.reward is None:
         raise ValueError("triplet has no reward")
+    drawn = drawn_with(t.metadata)
     return Sample(rollout_id=t.meta.rollout_id, attempt_id=t.attempt_id, index=t.index, group_id=t.group_id,
                   policy_version=triplet_version(t), prompt_token_ids=tuple(t.prompt_token_ids),
                   response_token_ids=tuple(t.response_token_ids), response_logprobs=tuple(t.response_logprobs),
-                  reward=float(t.reward))
+                  reward=float(t.reward), **drawn)
+
+
+def drawn_with(metadata: dict[str, Any]) -> dict[str, Any]:
+    """The sampling parameters a triplet's LLM span recorded (``metadata["request"]``: the span's
+    ``gen_ai.request.*``), as ``Sample`` fields; what is missing or not a number stays unknown."""
+    request = metadata.get("request")
+    request = request if isinstance(request, dict) else {}
+    out: dict[str, Any] = {"constrained": metadata.get("constrained") is True}
+    for name in ("temperature", "top_p"):
+        value = request.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            out[name] = float(value)
+    top_k = request.get("top_k")
+    if isinstance(top_k, int) and not isinstance(top_k, bool):
+        out["top_k"] = top_k
+    return out
 
 
 class Windower:

@@ -12,6 +12,7 @@ import hmac
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,7 @@ from .openai_api import (
     validation_error,
 )
 from .recorder import CallScope, SpanDraft, SpanRecorder
+from .sampling_defaults import SamplingDefaults
 from .responses import Call, full_response, models_list, span_attributes, sse, stream_chunks
 
 log = logging.getLogger("litstream.policy_server")
@@ -43,6 +45,7 @@ class PolicyServer:
     recorder: SpanRecorder
     default_max_tokens: int = DEFAULT_MAX_TOKENS
     api_key: str | None = None  # callers must send it as a bearer token
+    defaults: SamplingDefaults = field(default_factory=SamplingDefaults)  # for what a request leaves out
     started: int = field(default_factory=now)
     stats: dict[str, int] = field(default_factory=lambda: {"calls": 0, "errors": 0, "streams": 0,
                                                            "disconnects": 0})
@@ -56,12 +59,22 @@ class PolicyServer:
         return await self.recorder.scope(rid, aid)
 
     def sampling(self, req: ChatCompletionRequest | CompletionRequest, prompt: list[int]) -> Sampling:
+        """What the call samples with: what it names, the served policy's defaults for the rest."""
+        d = self.defaults
         limit = getattr(self.backend, "max_positions", None)
-        default = self.default_max_tokens
+        default = d.max_tokens or self.default_max_tokens
         if limit is not None:  # an unset max_tokens fills what the context leaves, up to the default
             default = max(1, min(default, int(limit) - len(prompt)))
-        return Sampling(max_new_tokens=req.max_new_tokens(default), temperature=req.temperature, top_p=req.top_p,
-                        seed=req.seed, stops=tuple(req.stops()))
+        return Sampling(max_new_tokens=req.max_new_tokens(default),
+                        temperature=d.temperature if req.temperature is None else req.temperature,
+                        top_p=d.top_p if req.top_p is None else req.top_p, seed=req.seed, stops=tuple(req.stops()))
+
+    def defaults_in_force(self) -> dict[str, Any]:
+        return {**self.defaults.as_dict(), "max_tokens": self.defaults.max_tokens or self.default_max_tokens}
+
+    def follow_defaults(self, params: Mapping[str, Any], source: str) -> None:
+        """A published policy version's sampling parameters become the defaults (the follower calls it)."""
+        self.defaults = self.defaults.merged(params, source)
 
     async def answer(self, request: web.Request, kind: str) -> web.StreamResponse:
         started_ns = time.time_ns()
@@ -88,7 +101,8 @@ class PolicyServer:
                     messages=messages, generations=answer.generations, version=answer.version,
                     logprobs=bool(req.logprobs) if kind == "chat" else req.logprobs is not None,
                     token_ids=req.return_token_ids)
-        meta = _Recording(self, scope, call, sampling, request.path, started_ns, reserved)
+        meta = _Recording(self, scope, call, sampling, request.path, started_ns, reserved,
+                          defaulted=_defaulted(req))
         if req.stream:
             return await self._stream(request, call, req.include_usage(), meta)
         body = full_response(call, self.backend.decode)
@@ -130,6 +144,7 @@ class _Recording:
     path: str
     started_ns: int
     reserved: asyncio.Future[int]
+    defaulted: list[str] = field(default_factory=list)  # the sampling parameters the policy's defaults filled
     disconnected: str | None = None
 
     async def record(self) -> None:
@@ -139,6 +154,8 @@ class _Recording:
         drafts = []
         for i, gen in enumerate(self.call.generations):
             attrs = span_attributes(self.call, gen, i, params, self.path)
+            if self.defaulted:
+                attrs["litstream.sampling.defaulted"] = list(self.defaulted)
             if self.disconnected:
                 attrs["litstream.stream.disconnected"] = True
             drafts.append(SpanDraft(name=f"{self.call.kind} {self.call.requested_model}", start_ns=self.started_ns,
@@ -147,6 +164,13 @@ class _Recording:
                                     status_message=self.disconnected))
         first = await self.reserved
         self.server.recorder.record(self.scope, first, drafts)
+
+
+def _defaulted(req: ChatCompletionRequest | CompletionRequest) -> list[str]:
+    """The sampling parameters the request left to the policy's defaults."""
+    named_max = req.max_tokens is not None or getattr(req, "max_completion_tokens", None) is not None
+    return [name for name, named in (("temperature", req.temperature is not None), ("top_p", req.top_p is not None),
+                                     ("max_tokens", named_max)) if not named]
 
 
 async def _parse(request: web.Request, model: type[ChatCompletionRequest] | type[CompletionRequest]) -> Any:
@@ -213,7 +237,8 @@ def build_app(server: PolicyServer) -> web.Application:
 
     async def models(request: web.Request) -> web.Response:
         await server.scope_of(request)
-        return web.json_response(models_list([server.backend.model_name], server.started, server.backend.version))
+        return web.json_response(models_list([server.backend.model_name], server.started, server.backend.version,
+                                             server.defaults_in_force()))
 
     async def health(request: web.Request) -> web.Response:
         return web.json_response({"version": server.backend.version, "model": server.backend.model_name,

@@ -42,8 +42,9 @@ class StreamOptions(_Open):
 
 class _Sampling(_Open):
     model: str = Field(min_length=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    # None: the served policy's default (sampling_defaults.py), not OpenAI's 1.0
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
     n: int = Field(1, ge=1, le=16)
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -81,7 +82,7 @@ class ChatCompletionRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = Field(None, ge=1)  # None: the served policy's default, as for chat
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool = False
 

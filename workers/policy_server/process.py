@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -18,6 +18,7 @@ from litstream.streams.log_writer import LogWriter
 from .app import DEFAULT_MAX_TOKENS, PolicyServer, build_app
 from .backends import Backend
 from .recorder import RESERVE_WAIT_S, SpanRecorder
+from .sampling_defaults import SamplingDefaults
 from .versions import VersionFollower
 
 log = logging.getLogger("litstream.policy_server")
@@ -31,6 +32,7 @@ class ServerOptions:
     publish: bool = False  # republish each policy version as a ProxyLLM at public_url
     public_url: str | None = None  # how runners reach this server; default http://<host>:<port>
     default_max_tokens: int = DEFAULT_MAX_TOKENS
+    sampling: SamplingDefaults = field(default_factory=SamplingDefaults)  # until a version publishes its own
 
     def endpoint(self, bound_port: int) -> str:
         """The ``.../v1`` URL runners are given (the bound port when ``port`` 0 asked for any free one). A server
@@ -52,7 +54,7 @@ class RunningServer:
         self.recorder = SpanRecorder(self.producer, self.log, service_name=ROLE)
         token = settings.policy_server_token.get_secret_value() if settings.policy_server_token else None
         self.server = PolicyServer(backend, self.recorder, default_max_tokens=options.default_max_tokens,
-                                   api_key=token)
+                                   api_key=token, defaults=options.sampling)
         self.follower: VersionFollower | None = None
         self._runner: web.AppRunner | None = None
         self.port = options.port
@@ -67,7 +69,7 @@ class RunningServer:
             self.port = int(sockets[0].getsockname()[1])
         endpoint = self.options.endpoint(self.port) if self.options.publish else None
         self.follower = VersionFollower(self.settings, self.producer, self.server.backend, public_endpoint=endpoint,
-                                        api_key=self.server.api_key)
+                                        api_key=self.server.api_key, on_sampling=self.server.follow_defaults)
 
     @property
     def base_url(self) -> str:

@@ -162,6 +162,10 @@ def sse(data: dict[str, Any] | str) -> bytes:
     return f"data: {payload}\n\n".encode()
 
 
-def models_list(names: Sequence[str], created: int, version: int) -> dict[str, Any]:
+def models_list(names: Sequence[str], created: int, version: int,
+                sampling_defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``/v1/models``; ``litstream_sampling_defaults``: what a call that names no temperature, top_p or
+    max_tokens samples with, and where that comes from."""
+    extra = {"litstream_sampling_defaults": sampling_defaults} if sampling_defaults is not None else {}
     return {"object": "list", "data": [{"id": n, "object": "model", "created": created, "owned_by": "litstream",
-                                        "litstream_policy_version": version} for n in names]}
+                                        "litstream_policy_version": version, **extra} for n in names]}

@@ -69,8 +69,10 @@ class VersionFollower:
     """Keeps ``backend`` on the latest published policy version; republishes it as a ``ProxyLLM`` if asked."""
 
     def __init__(self, settings: Settings, producer: EventProducer, backend: Backend, *,
-                 public_endpoint: str | None = None, api_key: str | None = None) -> None:
+                 public_endpoint: str | None = None, api_key: str | None = None,
+                 on_sampling: Callable[[dict[str, Any], str], None] | None = None) -> None:
         self.producer = producer
+        self.on_sampling = on_sampling  # told each served version's sampling parameters (the call defaults)
         self.backend = backend
         self.public_endpoint = public_endpoint  # .../v1 of this server, when it publishes itself
         self.api_key = api_key  # published with it, so the agents' clients send it
@@ -112,6 +114,8 @@ class VersionFollower:
             self._serving = (llm.version, llm.checkpoint)
             self.switches.append((llm.version, time.perf_counter() - t0))
             log.info("serving policy version %d (%s)", llm.version, update.resources_id)
+        if self.on_sampling is not None and llm.sampling_parameters:
+            self.on_sampling(dict(llm.sampling_parameters), f"policy version {llm.version}'s sampling parameters")
         if self.public_endpoint and not proxied(update):
             self._publish(update, llm)
 
