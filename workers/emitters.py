@@ -11,6 +11,8 @@ emitter             span name                       attributes
 ``emit_message``    ``agentlightning.message``      ``agentlightning.message.body``
 ``emit_object``     ``agentlightning.object``       ``agentlightning.object.type`` + ``.literal`` or ``.json``
 ``emit_exception``  ``agentlightning.exception``    ``exception.type``, ``.message``, ``.escaped``, ``.stacktrace``
+``tool_span``       ``execute_tool {name}``         ``gen_ai.tool.name``, ``gen_ai.tool.call.id`` / ``.arguments``
+                                                    / ``.result`` (a ``with`` block: the tool's run is the span)
 ==================  ==============================  ==========================================================
 
 Every emitter validates its arguments before anything is produced: a bad value raises ``TypeError`` or
@@ -28,12 +30,20 @@ import base64
 import json
 import traceback
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from litstream.schemas.events import AttrValue
 
 from .attributes import PRIMITIVES, check_leaf, flatten_attributes
-from .sdk import AttemptContext, SpanHandle, attempt_context, current_attempt
+from .sdk import (
+    AttemptContext,
+    SpanHandle,
+    ToolExecution,
+    attempt_context,
+    current_attempt,
+    tool_call_attributes,
+)
 from .semconv import (
     ANNOTATION_SPAN,
     EXCEPTION_SPAN,
@@ -172,3 +182,14 @@ def emit_exception(exc: BaseException, attributes: Mapping[str, Any] | None = No
     attrs = _merge({"exception.type": type_name(exc), "exception.message": str(exc), "exception.escaped": True,
                     "exception.stacktrace": stacktrace}, attributes)
     return _record(_require_context("emit_exception"), EXCEPTION_SPAN, attrs)
+
+
+def tool_span(name: str, arguments: str | Mapping[str, Any],
+              call_id: str | None = None) -> AbstractContextManager[ToolExecution]:
+    """Record a tool's execution in the active attempt (:meth:`AttemptContext.tool_span`)::
+
+        with tool_span("get_weather", call.function.arguments, call_id=call.id) as t:
+            t.result(get_weather(**json.loads(call.function.arguments)))
+    """
+    tool_call_attributes(name, arguments, call_id)  # checked before the attempt: a bad call raises TypeError first
+    return _require_context("tool_span").tool_span(name, arguments, call_id)

@@ -8,13 +8,14 @@ Span names and attribute keys follow the reference (e.g. rewards are ``agentligh
 from __future__ import annotations
 
 import contextvars
+import json
 import secrets
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from litstream.infra.producer import EventProducer
 from litstream.schemas.events import (
@@ -43,6 +44,14 @@ from .semconv import ANNOTATION_SPAN, reward_attributes
 SPAN_DELIVERY_WAIT_S = 5.0
 SPAN_POLL_S = 0.05
 _current_span: contextvars.ContextVar[SpanHandle | None] = contextvars.ContextVar("litstream_span", default=None)
+T = TypeVar("T")
+
+# A tool's execution (OpenTelemetry GenAI semantic conventions, ``execute_tool`` spans): ``AttemptContext.tool_span``.
+TOOL_OPERATION = "execute_tool"
+TOOL_NAME_ATTR = "gen_ai.tool.name"
+TOOL_CALL_ID_ATTR = "gen_ai.tool.call.id"
+TOOL_ARGUMENTS_ATTR = "gen_ai.tool.call.arguments"
+TOOL_RESULT_ATTR = "gen_ai.tool.call.result"
 
 
 @dataclass
@@ -81,6 +90,50 @@ class SpanHandle:
                              f"over the limit of {MAX_SPAN_ATTRIBUTE_BYTES} per span")
         self.attributes[key] = value
         self._bytes = size
+
+
+def _json_text(value: Any, argument: str) -> str:
+    """A string as it is; anything else as strict JSON (``TypeError`` naming ``argument`` when it is not JSON)."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise TypeError(f"{argument}: a {type(value).__name__} cannot be written as JSON ({exc}); give a str or "
+                        "a JSON-serialisable value") from None
+
+
+def tool_call_attributes(name: str, arguments: str | Mapping[str, Any],
+                         call_id: str | None = None) -> dict[str, AttrValue]:
+    """The attributes an ``execute_tool`` span starts with; ``arguments`` as the model wrote them (a string, kept
+    as it is even when it is not JSON) or as a dict (written as JSON). Raises ``TypeError`` / ``ValueError``."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be the tool's name, a non-empty str, got {name!r}")
+    if isinstance(arguments, (str, Mapping)):
+        text = _json_text(arguments, "arguments")
+    else:
+        raise TypeError(f"arguments must be a str (the call's JSON as the model wrote it) or a dict, got "
+                        f"{type(arguments).__name__}")
+    if call_id is not None and (not isinstance(call_id, str) or not call_id):
+        raise TypeError(f"call_id must be a non-empty str or None, got {call_id!r}")
+    attrs: dict[str, AttrValue] = {"gen_ai.operation.name": TOOL_OPERATION, TOOL_NAME_ATTR: name,
+                                   TOOL_ARGUMENTS_ATTR: text}
+    if call_id is not None:
+        attrs[TOOL_CALL_ID_ATTR] = call_id
+    return attrs
+
+
+@dataclass
+class ToolExecution:
+    """The open ``execute_tool`` span of :meth:`AttemptContext.tool_span`: ``result`` records what the tool gave."""
+
+    span: SpanHandle
+
+    def result(self, value: T) -> T:
+        """Record the tool's result (a str as it is, anything else as JSON) and hand it back, so that
+        ``return t.result(run_tool(...))`` reads as one line."""
+        self.span.set_attribute(TOOL_RESULT_ATTR, _json_text(value, "result"))
+        return value
 
 
 class AttemptContext:
@@ -141,6 +194,29 @@ class AttemptContext:
         finally:
             _current_span.reset(token)
             self._record(handle, time.time_ns())
+
+    def tool_span(self, name: str, arguments: str | Mapping[str, Any],
+                  call_id: str | None = None) -> AbstractContextManager[ToolExecution]:
+        """A tool's execution as a span ``execute_tool {name}``, the OpenTelemetry GenAI convention::
+
+            with ctx.tool_span("get_weather", call.function.arguments, call_id=call.id) as t:
+                t.result(get_weather(**json.loads(call.function.arguments)))
+
+        The arguments are checked here, before the block runs. The span ends with the block: status OK, or
+        ERROR with ``error.type`` when the tool raised (the exception goes on)."""
+        return self._tool_span(name, tool_call_attributes(name, arguments, call_id))
+
+    @contextmanager
+    def _tool_span(self, name: str, attributes: dict[str, AttrValue]) -> Iterator[ToolExecution]:
+        with self.span(f"{TOOL_OPERATION} {name}", attributes) as handle:
+            try:
+                yield ToolExecution(handle)
+            except BaseException as exc:
+                cls = type(exc)
+                handle.set_attribute("error.type", cls.__qualname__ if cls.__module__ == "builtins"
+                                     else f"{cls.__module__}.{cls.__qualname__}")
+                raise
+            handle.status_code = "OK"
 
     def _record(self, h: SpanHandle, end_ns: int) -> None:
         span = SpanRecorded(
