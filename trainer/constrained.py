@@ -1,13 +1,31 @@
 """Constrained decoding of forced tool calls: the grammar a call must follow, shared by the inference engines.
 
-A ``ToolCallGrammar`` names the tools a call may use and how the calls are framed. ``TorchEngine`` masks each
-step's logits to what the grammar allows; ``VllmEngine`` sends the same grammar to the vLLM server as a
-structured-output request.
+A ``ToolCallGrammar`` names the tools a call may use and how the calls are framed. ``tool_call_lark`` writes it
+as one Lark grammar in llguidance's dialect (each tool's arguments an inline ``%json`` schema, whitespace fixed to
+``json.dumps``'s separators). ``TorchEngine`` compiles that grammar with llguidance (``compile_tool_call_grammar``,
+cached per tokenizer and grammar) and masks each step's logits to what it allows; ``VllmEngine`` sends the same
+text as vLLM's ``structured_outputs.grammar``, which vLLM's guidance backend compiles with the same library.
+
+llguidance was chosen by measurement against xgrammar, outlines and lm-format-enforcer:
+docs/perf/constrained-decoding.md.
 """
 
 from __future__ import annotations
 
+import json
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from .tokenizer import Tokenizer
+
+# The JSON compiler's settings inside each %json block: no free whitespace, json.dumps's default separators.
+CANONICAL_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 @dataclass(frozen=True)
@@ -22,3 +40,181 @@ class ToolCallGrammar:
     # Each call's body is the JSON object {"name": <one of the names>, "<arguments_key>": <object valid against
     # that tool's schema>}, in compact canonical JSON where the library lets the grammar fix whitespace
     # (separators ", " and ": " as json.dumps writes by default), then the model's end-of-sequence token.
+
+
+# --- the grammar's text --------------------------------------------------------------------------------------
+
+
+def tool_call_lark(grammar: ToolCallGrammar) -> str:
+    """``grammar`` as a Lark grammar in llguidance's dialect (also what vLLM's guidance backend takes).
+
+    Raises ValueError, with the reason, for a grammar no call can satisfy: no tools, a repeated or empty name, a
+    schema that is not JSON or not an object schema."""
+    if not grammar.tools:
+        raise ValueError("a tool call grammar needs at least one tool")
+    names = [name for name, _ in grammar.tools]
+    if any(not isinstance(n, str) or not n for n in names):
+        raise ValueError("every tool needs a non-empty name")
+    if len(set(names)) != len(names):
+        raise ValueError(f"tool names repeat: {sorted(n for n in set(names) if names.count(n) > 1)}")
+    if not grammar.arguments_key:
+        raise ValueError("arguments_key must not be empty")
+    call = f"{_literal(grammar.begin)} body {_literal(grammar.end)}".strip()
+    rules = [
+        "start: call" + (' ("\\n" call)*' if grammar.parallel else ""),
+        f"call: {call}",
+        "body: " + " | ".join(f"body{i}" for i in range(len(grammar.tools))),
+    ]
+    for i, (name, schema) in enumerate(grammar.tools):
+        head = "{" + json.dumps("name") + ": " + json.dumps(name) + ", " + json.dumps(grammar.arguments_key) + ": "
+        rules.append(f'body{i}: {_literal(head)} args{i} "}}"')
+        rules.append(f"args{i}: %json {json.dumps(_arguments_schema(name, schema))}")
+    return "\n".join(rules) + "\n"
+
+
+def _literal(text: str) -> str:
+    """A Lark string literal for ``text`` (llguidance reads JSON's escapes); empty text is no symbol at all."""
+    return json.dumps(text) if text else ""
+
+
+def _arguments_schema(name: str, schema_json: str) -> dict[str, Any]:
+    try:
+        schema = json.loads(schema_json) if schema_json.strip() else {}
+    except (json.JSONDecodeError, AttributeError) as exc:
+        raise ValueError(f"tool {name!r}: its parameters are not a JSON Schema in JSON ({exc})") from None
+    if not isinstance(schema, dict):
+        raise ValueError(f"tool {name!r}: its parameters must be a JSON Schema object, not {type(schema).__name__}")
+    kind = schema.get("type", "object")
+    if kind != "object" and not (isinstance(kind, list) and "object" in kind):
+        raise ValueError(f"tool {name!r}: its parameters must be an object schema, not type {kind!r}")
+    return {**schema, "type": "object", "x-guidance": CANONICAL_JSON}
+
+
+# --- compiling it for a tokenizer ----------------------------------------------------------------------------
+
+
+class TokenConstraint(Protocol):
+    """One sequence's grammar state, as the torch engine drives it (one per sequence of a batch)."""
+
+    def fill_bitmask(self, row: np.ndarray[Any, Any]) -> None:
+        """Write the allowed next tokens into ``row`` (int32 words, bit ``i % 32`` of word ``i // 32``)."""
+        ...
+
+    def accept(self, token: int) -> None:
+        """Advance past ``token``, which the last mask allowed."""
+        ...
+
+    def is_finished(self) -> bool:
+        """True once the grammar is complete and admits nothing more: end-of-sequence is then the only token."""
+        ...
+
+
+class _LlgConstraint:
+    def __init__(self, matcher: Any) -> None:
+        self.matcher = matcher
+
+    def fill_bitmask(self, row: np.ndarray[Any, Any]) -> None:
+        self.matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+        self._check()
+
+    def accept(self, token: int) -> None:
+        if not self.matcher.consume_token(token):
+            self._check()
+
+    def is_finished(self) -> bool:
+        return bool(self.matcher.is_stopped())
+
+    def _check(self) -> None:
+        if self.matcher.is_error():
+            raise RuntimeError(f"constrained decoding failed: {self.matcher.get_error()}")
+
+
+@dataclass
+class CompiledToolCallGrammar:
+    """A ``ToolCallGrammar`` compiled for one tokenizer: ``start(n)`` gives ``n`` fresh sequence states."""
+
+    grammar: ToolCallGrammar
+    vocab_size: int  # the width of the masks (the model's logits)
+    eos_id: int
+    _matcher: Any  # llguidance.LLMatcher in its start state; each sequence gets a copy
+    compile_seconds: float = 0.0
+
+    def start(self, n: int) -> list[TokenConstraint]:
+        return [_LlgConstraint(self._matcher.deep_copy()) for _ in range(n)]
+
+
+_CACHE_SIZE = 64  # distinct tool sets kept compiled per tokenizer
+_lock = threading.Lock()
+_ll_tokenizers: weakref.WeakKeyDictionary[Any, dict[int, Any]] = weakref.WeakKeyDictionary()
+_compiled: weakref.WeakKeyDictionary[Any, OrderedDict[tuple[int, ToolCallGrammar], CompiledToolCallGrammar]] = (
+    weakref.WeakKeyDictionary())
+
+
+def compile_tool_call_grammar(tokenizer: Tokenizer, grammar: ToolCallGrammar,
+                              vocab_size: int | None = None) -> CompiledToolCallGrammar:
+    """``grammar`` compiled with llguidance for ``tokenizer`` (masks ``vocab_size`` wide: the model's logits;
+    default the tokenizer's size). Compiled once per (tokenizer, vocab size, grammar); later calls return the
+    cached one. ValueError when llguidance rejects the grammar (e.g. a schema keyword it does not implement)."""
+    import time
+
+    import llguidance
+
+    vocab = int(vocab_size or tokenizer.vocab_size)
+    key = (vocab, grammar)
+    with _lock:
+        per_tok = _compiled.setdefault(tokenizer, OrderedDict())
+        hit = per_tok.get(key)
+        if hit is not None:
+            per_tok.move_to_end(key)
+            return hit
+        ll_tok = _ll_tokenizer(tokenizer, vocab)
+    t0 = time.perf_counter()
+    text = llguidance.grammar_from("lark", tool_call_lark(grammar))
+    error = llguidance.LLMatcher.validate_grammar(text, ll_tok)
+    if error:
+        raise ValueError(f"tool call grammar rejected: {error}")
+    matcher = llguidance.LLMatcher(ll_tok, text, log_level=0)
+    if matcher.is_error():
+        raise ValueError(f"tool call grammar rejected: {matcher.get_error()}")
+    compiled = CompiledToolCallGrammar(grammar, vocab, tokenizer.eos_id, matcher, time.perf_counter() - t0)
+    with _lock:
+        per_tok[key] = compiled
+        while len(per_tok) > _CACHE_SIZE:
+            per_tok.popitem(last=False)
+    return compiled
+
+
+def _ll_tokenizer(tokenizer: Tokenizer, vocab: int) -> Any:
+    """llguidance's view of ``tokenizer`` (building it reads the whole vocabulary: ~1 s for 49k tokens), kept
+    while the tokenizer lives. Called under ``_lock``."""
+    import llguidance.hf
+
+    per_vocab = _ll_tokenizers.setdefault(tokenizer, {})
+    if vocab not in per_vocab:
+        to_hf = getattr(tokenizer, "to_hf", None)
+        hf = to_hf() if callable(to_hf) else getattr(tokenizer, "tok", None)
+        if hf is None:
+            raise ValueError(f"constrained decoding needs a Hugging Face fast tokenizer, not {type(tokenizer)}")
+        per_vocab[vocab] = llguidance.hf.from_tokenizer(hf, n_vocab=vocab, eos_token=tokenizer.eos_id)
+    return per_vocab[vocab]
+
+
+# --- masks -----------------------------------------------------------------------------------------------------
+
+
+def allowed_tokens(constraints: Sequence[TokenConstraint | None], vocab_size: int, eos_id: int) -> np.ndarray[Any, Any]:
+    """The boolean mask ``[len(constraints), vocab_size]`` of the tokens each sequence may take next; a row whose
+    constraint is None (a finished sequence) allows everything. A finished grammar allows end-of-sequence only."""
+    words = (vocab_size + 31) // 32
+    bits = np.full((len(constraints), words), -1, dtype=np.int32)
+    for b, c in enumerate(constraints):
+        if c is None:
+            continue
+        if c.is_finished():
+            bits[b] = 0
+            bits[b, eos_id // 32] = np.int32(np.uint32(1 << (eos_id % 32)).view(np.int32))
+        else:
+            c.fill_bitmask(bits[b])
+    # Little-endian words: byte k of word j holds tokens 32j + 8k ... 32j + 8k + 7, lowest bit first.
+    unpacked = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")
+    return unpacked[:, :vocab_size].astype(bool)

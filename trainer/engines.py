@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from litstream.infra.processes import stop_process
 
 from .checkpoint import load_checkpoint, load_weights_into
-from .constrained import ToolCallGrammar
+from .constrained import TokenConstraint, ToolCallGrammar, allowed_tokens, compile_tool_call_grammar
 from .policy import takes_logits_to_keep
 from .tokenizer import Tokenizer
 
@@ -99,40 +99,49 @@ class TorchEngine:
     def close(self) -> None:
         pass
 
-    @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, seed: int | None = None,
                  grammar: ToolCallGrammar | None = None) -> list[Generation]:
-        if grammar is not None:
-            raise NotImplementedError("constrained decoding is not wired into TorchEngine yet")
+        """Samples a response for each prompt. With ``grammar`` (a forced tool call) each sequence is constrained
+        to it through llguidance; ValueError when the grammar cannot be compiled."""
+        constraints = None
+        if grammar is not None and prompts:
+            compiled = compile_tool_call_grammar(self.tokenizer, grammar, self._vocab_size)
+            constraints = compiled.start(len(prompts))
+        return self.generate_constrained(prompts, max_new_tokens, temperature, top_p, seed, constraints)
+
+    @torch.no_grad()
+    def generate_constrained(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 1.0,
+                             top_p: float = 1.0, seed: int | None = None,
+                             constraints: Sequence[TokenConstraint] | None = None) -> list[Generation]:
+        """``generate`` with one ``TokenConstraint`` per prompt (or none): each step's logits are masked to what the
+        sequence's constraint allows before sampling; temperature and top-p apply over the allowed tokens. The
+        log-probs reported are those of the tempered distribution before the mask, as the learner recomputes."""
         if not prompts:
             return []
         if any(len(p) == 0 for p in prompts):
             raise ValueError("empty prompt")
+        if constraints is not None and len(constraints) != len(prompts):
+            raise ValueError(f"{len(constraints)} constraints for {len(prompts)} prompts")
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
         pad, eos = self.tokenizer.pad_id, self.tokenizer.eos_id
-        B, P = len(prompts), max(len(p) for p in prompts)
-        # Left padding: every row's next token comes from the last column.
-        ids = torch.full((B, P), pad, dtype=torch.long)
-        attn = torch.zeros((B, P), dtype=torch.long)
-        for b, p in enumerate(prompts):
-            ids[b, P - len(p):] = torch.tensor(list(p), dtype=torch.long)
-            attn[b, P - len(p):] = 1
-        pos = (attn.cumsum(1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, **self._last_logits)
-        past, logits = out.past_key_values, out.logits[:, -1, :]
-        next_pos = pos[:, -1:] + 1
+        B = len(prompts)
+        logits, past, attn, next_pos = self._prompt_pass(prompts)
         tokens: list[list[int]] = [[] for _ in range(B)]
         lps: list[list[float]] = [[] for _ in range(B)]
         done = torch.zeros(B, dtype=torch.bool)
         for step in range(max_new_tokens):
-            logp = tempered_logprobs(logits, temperature)
-            nxt = _sample(logp, temperature, top_p, gen)
-            chosen = logp.gather(1, nxt.unsqueeze(1)).squeeze(1)
+            allowed = None
+            if constraints is not None:
+                live = [None if done[b] else c for b, c in enumerate(constraints)]
+                allowed = torch.from_numpy(allowed_tokens(live, logits.shape[-1], eos))
+            nxt, chosen = _pick(logits, temperature, top_p, gen, allowed)
             for b in range(B):
                 if not done[b]:
                     tokens[b].append(int(nxt[b]))
                     lps[b].append(float(chosen[b]))
+                    if constraints is not None and int(nxt[b]) != eos:
+                        constraints[b].accept(int(nxt[b]))
             done |= nxt == eos
             if bool(done.all()) or step == max_new_tokens - 1:
                 break
@@ -142,13 +151,46 @@ class TorchEngine:
                              use_cache=True)
             past, logits = out.past_key_values, out.logits[:, -1, :]
             next_pos = next_pos + 1
-        result = []
+        return [self._generation(p, tokens[b], lps[b]) for b, p in enumerate(prompts)]
+
+    def _prompt_pass(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
+        """The prompts' forward pass, left-padded (every row's next token comes from the last column): the last
+        position's logits, the KV cache, the attention mask and the next positions."""
+        pad = self.tokenizer.pad_id
+        B, P = len(prompts), max(len(p) for p in prompts)
+        ids = torch.full((B, P), pad, dtype=torch.long)
+        attn = torch.zeros((B, P), dtype=torch.long)
         for b, p in enumerate(prompts):
-            stopped = bool(tokens[b]) and tokens[b][-1] == eos
-            result.append(Generation(prompt_token_ids=list(p), token_ids=tokens[b], logprobs=lps[b],
-                                     text=self.tokenizer.decode(tokens[b]),
-                                     finish_reason="stop" if stopped else "length"))
-        return result
+            ids[b, P - len(p):] = torch.tensor(list(p), dtype=torch.long)
+            attn[b, P - len(p):] = 1
+        pos = (attn.cumsum(1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, **self._last_logits)
+        return out.logits[:, -1, :], out.past_key_values, attn, pos[:, -1:] + 1
+
+    def _generation(self, prompt: Sequence[int], tokens: list[int], logprobs: list[float]) -> Generation:
+        stopped = bool(tokens) and tokens[-1] == self.tokenizer.eos_id
+        return Generation(prompt_token_ids=list(prompt), token_ids=tokens, logprobs=logprobs,
+                          text=self.tokenizer.decode(tokens), finish_reason="stop" if stopped else "length")
+
+    @property
+    def _vocab_size(self) -> int:
+        """The width of the model's logits (the masks' width)."""
+        head = self.model.get_output_embeddings()
+        return int(head.weight.shape[0]) if head is not None else int(self.model.config.vocab_size)
+
+
+def _pick(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator | None,
+          allowed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The next tokens and their log-probs under the tempered distribution. With ``allowed`` (a boolean mask), the
+    tokens are drawn from that distribution restricted to the allowed ones and renormalised (top-p then applies
+    over them); the log-probs reported are still the unmasked ones."""
+    logp = tempered_logprobs(logits, temperature)
+    if allowed is None:
+        nxt = _sample(logp, temperature, top_p, gen)
+    else:
+        masked = F.log_softmax(logp.masked_fill(~allowed, float("-inf")), dim=-1)
+        nxt = _sample(masked, temperature, top_p, gen)
+    return nxt, logp.gather(1, nxt.unsqueeze(1)).squeeze(1)
 
 
 def tempered_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
