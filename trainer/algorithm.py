@@ -28,14 +28,19 @@ from litstream.schemas.models import NamedResources, PromptTemplate
 from litstream.schemas.policy_versions import parse_policy_version, policy_resources_id
 
 from .defaults import check_lr, defaults_for
+from .sampling import left_out_text
 from .signals import (
+    TRY_WHEN_DEGRADING,
+    DriftBands,
     ValEstimate,
     WindowSignal,
     best_version,
+    drift_problem,
     missing_signal,
     plateaued,
     val_estimate,
     val_warning,
+    validation_falling,
     window_signal,
 )
 
@@ -245,6 +250,11 @@ class GRPO(Algorithm):
     stall_seconds: float = 15.0  # waves: how long nothing outstanding and no new version counts as a stall
     signal_windows: int = 5  # this many windows in a row without signal: say so (signals.missing_signal)
     publish_best: bool = True  # at the end, publish the best validated version again (runners default to it)
+    # Watch each step's entropy, KL to the starting policy and clipped share (signals.DriftBands; None: for
+    # pretrained models) and validation falling twice in a row: the run says so and falls back to the best
+    # validated version, at most ``max_fallbacks`` times (then it stops).
+    watch_drift: bool | None = None
+    max_fallbacks: int = 2
     seed: int = 0
     name: str = "grpo"
     trains_policy = True
@@ -259,6 +269,8 @@ class GRPO(Algorithm):
                             ("lr_by_signal", d.lr_by_signal), ("train_top_layers", d.train_top_layers or 0)):
             if getattr(self, name) is None:
                 setattr(self, name, value)
+        if self.watch_drift is None:
+            self.watch_drift = d.pretrained
         if int(self.train_top_layers or 0) < 0:
             raise ValueError(f"train_top_layers must be 0 (every parameter) or more, not {self.train_top_layers}")
         verdict = check_lr(self.model, float(self.lr or 0.0))
@@ -285,6 +297,8 @@ class GRPO(Algorithm):
         self._val_pending: dict[int, int] = {}  # version -> validation rollouts not back yet
         self._warned_val = False
         self._last_rollout: str | None = None
+        self.watch = _DriftWatch(DriftBands() if self.watch_drift else None)
+        self.fallbacks: list[dict[str, Any]] = []  # each fall back to the best validated version: why, to what
 
     # --- what the run is ------------------------------------------------------------------------------------
 
@@ -319,6 +333,7 @@ class GRPO(Algorithm):
                 *(["--entropy-fade"] if self.entropy_fade else []),
                 *(["--lr-by-signal"] if self.lr_by_signal else []),
                 *(["--train-top-layers", str(self.train_top_layers)] if self.train_top_layers else []),
+                *(["--watch-kl"] if self.watch_drift else []),
                 *(["--keep-every", str(self.val_every)] if self.val_every else []),
                 *(["--window-seconds", str(self.window_seconds)] if self.window_seconds else []),
                 *(["--max-steps", str(self.max_versions)] if self.max_versions else [])]
@@ -358,6 +373,8 @@ class GRPO(Algorithm):
                 self._submit_groups(driver, queue, 1, policy.resources_id if self.pin_versions else None)
             for r in driver.poll():
                 self._take(driver, r)
+            if queue:
+                self._check_degrading(driver, queue)
             if queue and self.patience and plateaued(self.val_estimates, self.patience):
                 best = best_version(self.val_estimates)
                 self.stopped = (f"validation stopped improving: {self.patience} validations without beating "
@@ -433,6 +450,34 @@ class GRPO(Algorithm):
             self.warnings.append(warning)
             _notice(driver, f"warning: {warning}")
 
+    def _check_degrading(self, driver: Driver, queue: _TaskQueue) -> None:
+        """Say when the policy is being damaged, and fall back to the best validated version (the trainer
+        restarts from the newest checkpoint with that version's weights, published as the next version)."""
+        info = driver.service_info("trainer")
+        for line in self.watch.left_out_news(info):
+            self.warnings.append(line)
+            _notice(driver, f"warning: {line}")
+        reason = self.watch.drifting(info) or validation_falling(self.val_estimates, self.watch.since)
+        if reason is None:
+            return
+        best = best_version(self.val_estimates)
+        checkpoint = self._checkpoint_of(driver, best) if best is not None else None
+        version = int(info.get("version", 0))
+        if checkpoint is None or best is None or len(self.fallbacks) >= self.max_fallbacks:
+            self.stopped = f"the policy is degrading ({reason}); {TRY_WHEN_DEGRADING}"
+            _notice(driver, f"early stop: {self.stopped}")
+            queue.clear()
+            return
+        self.fallbacks.append({"at_version": version, "to_version": best, "reason": reason})
+        _notice(driver, f"the policy is degrading at v{version}: {reason}. Falling back to v{best}, the best "
+                        f"validated version ({self.val_estimates[best].text()}); {TRY_WHEN_DEGRADING}")
+        driver.start_service("trainer", *self.trainer_args(), "--restore", checkpoint)
+        self.watch.restart(version + 1)
+
+    def _checkpoint_of(self, driver: Driver, version: int) -> str | None:
+        resources = driver.resources(policy_resources_id(version))
+        return next((str(r.checkpoint) for r in resources.values() if getattr(r, "checkpoint", None)), None)
+
     def _submit_waves(self, driver: Driver, queue: _TaskQueue, policy: Policy, waves_sent: int) -> int:
         """One window of groups per published version, two ahead; returns the waves sent so far. If nothing is
         outstanding and no new version came for ``stall_seconds`` (failed rollouts left a window that cannot
@@ -485,6 +530,9 @@ class GRPO(Algorithm):
         info = driver.service_info("trainer")
         # versions between the policy that made the last window's samples and the step that took them
         staleness = f"; staleness {float(info.get('lag', 0.0)):.1f} versions" if info else ""
+        left = sum(self.watch.left_out.values())
+        if left:  # samples the learner could not score as drawn (trainer/sampling.py)
+            staleness += f"; {left} samples left out of the loss ({', '.join(self.watch.left_out)})"
         return (f"policy v{policy.version}: train reward {last_train}, validation {last_val}{window}{staleness}; "
                 f"{self.history.rollouts} rollouts done, {queue.remaining_text()} tasks queued")
 
@@ -523,12 +571,50 @@ class GRPO(Algorithm):
 
     def report(self) -> dict[str, Any]:
         return {"best": self.best, "stopped": self.stopped, "no_signal": self.no_signal,
+                "fallbacks": list(self.fallbacks), "left_out": self.watch.left_out,
                 "warnings": list(self.warnings), "settings": self.settings_text(),
                 "validation": {str(v): {"mean": round(e.mean, 4), "se": round(e.se, 4) if e.se != float("inf")
                                         else None, "tasks": e.tasks, "samples": e.samples}
                                for v, e in sorted(self.val_estimates.items())},
                 "windows": [{"version": w.version, "groups": w.groups, "flat": w.flat,
                              "spread": round(w.spread, 4), "reward": round(w.reward_mean, 4)} for w in self.signals]}
+
+
+class _DriftWatch:
+    """What the run has seen of the trainer's step statistics: each version's drift verdict, the first step's
+    entropy (the baseline), and the samples left out of the loss."""
+
+    def __init__(self, bands: DriftBands | None) -> None:
+        self.bands = bands
+        self.first_entropy: float | None = None
+        self.verdicts: dict[int, str | None] = {}
+        self.since = 0  # versions before this one (a fallback's) are not judged again
+        self.left_out: dict[str, int] = {}
+
+    def drifting(self, info: dict[str, Any]) -> str | None:
+        """The problem when the last two judged versions were both out of band."""
+        version = int(info.get("version", 0))
+        if self.bands is None or "entropy" not in info or version < self.since or version in self.verdicts:
+            return None
+        if self.first_entropy is None:
+            self.first_entropy = float(info["entropy"])
+        self.verdicts[version] = drift_problem(info, self.first_entropy, self.bands)
+        last = [self.verdicts[v] for v in sorted(self.verdicts)[-2:] if v >= self.since]
+        return last[-1] if len(last) == 2 and all(last) else None
+
+    def left_out_news(self, info: dict[str, Any]) -> list[str]:
+        """A warning line the first time samples are left out of the loss, and when a new reason appears."""
+        counts = info.get("left_out") or {}
+        if not isinstance(counts, dict) or set(counts) <= set(self.left_out):
+            self.left_out = dict(counts) if isinstance(counts, dict) else self.left_out
+            return []
+        self.left_out = dict(counts)
+        line = left_out_text(self.left_out, int(info.get("samples_total", 0)) or sum(self.left_out.values()))
+        return [line] if line else []
+
+    def restart(self, version: int) -> None:
+        """Judge only what comes after a fallback to ``version`` (the baseline entropy stays the start's)."""
+        self.since = version
 
 
 class _TaskQueue:

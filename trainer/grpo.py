@@ -145,6 +145,7 @@ class LossStats:
     ratio: float
     kl: float
     entropy: float
+    kl_tokens: float = 0.0  # the tokens the KL was measured on (a reference policy's log-probs were given)
 
 
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
@@ -192,7 +193,7 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
             tokens=n_tokens,
             clipped=float((clipped.float() * mask).sum().item()),
             ratio=float((ratio * mask).sum().item()),
-            kl=float((kl * mask).sum().item()),
+            kl=float((kl * mask).sum().item()), kl_tokens=n_tokens if ref_logp is not None else 0.0,
             entropy=float((entropy.detach() * mask).sum().item()) if entropy is not None else 0.0,
         )
     return loss, stats

@@ -58,6 +58,9 @@ class LearnerConfig:
     # output layer and the blocks below are frozen: they get no gradient, the optimizer does not hold them, and
     # backward stops at the lowest trained block (trainable_top_layers).
     train_top_layers: int | None = None
+    # Measure the KL to the starting policy (k3) on each step's first micro-batch even without a KL penalty:
+    # how far the policy has moved, for the run's drift check (signals.drift_problem). One extra forward pass.
+    watch_kl: bool = False
 
 
 @dataclass
@@ -97,16 +100,20 @@ class GrpoLearner:
         self.step_count = step
         if self.cfg.train_top_layers is not None:
             train_top_layers(model, self.cfg.train_top_layers)
-        trained = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(trained, lr=self.cfg.lr, betas=self.cfg.betas,
-                                           weight_decay=self.cfg.weight_decay)
-        if ref_model is None and self.cfg.loss.kl_beta > 0:
+        self.reset_optimizer()
+        if ref_model is None and (self.cfg.loss.kl_beta > 0 or self.cfg.watch_kl):
             ref_model = copy.deepcopy(model)  # the policy as it is now is the reference
         self.ref_model = ref_model
         if ref_model is not None:
             ref_model.eval()
             for p in ref_model.parameters():
                 p.requires_grad_(False)
+
+    def reset_optimizer(self) -> None:
+        """A fresh optimizer over the trained parameters (after their weights were replaced)."""
+        trained = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trained, lr=self.cfg.lr, betas=self.cfg.betas,
+                                           weight_decay=self.cfg.weight_decay)
 
     # --- training ----------------------------------------------------------------------------------------
 
@@ -149,7 +156,7 @@ class GrpoLearner:
         return StepStats(
             version=self.version, step=self.step_count, samples=len(samples), groups=len(by_group),
             tokens=total_tokens, micro_batches=len(batches), loss=loss_sum, clip_frac=agg.clipped / n,
-            kl=agg.kl / n, ratio_mean=agg.ratio / n, entropy=agg.entropy / n, grad_norm=grad_norm,
+            kl=agg.kl / max(agg.kl_tokens, 1.0), ratio_mean=agg.ratio / n, entropy=agg.entropy / n, grad_norm=grad_norm,
             reward_mean=sum(rewards) / len(rewards), adv_abs_mean=sum(abs(a) for a in advs) / len(advs),
             lr=lr, entropy_coef=loss_cfg.entropy_coef, zero_adv_groups=flat,
             version_lag=sum(lags) / len(lags) if lags else 0.0, seconds=time.perf_counter() - t0,
@@ -175,10 +182,11 @@ class GrpoLearner:
         loss_sum = 0.0
         for k, idx in enumerate(batches):
             loss, st = self._micro_step([samples[i] for i in idx], [advs[i] for i in idx], total_tokens,
-                                        prox[k] if prox is not None else None, loss_cfg or self.cfg.loss)
+                                        prox[k] if prox is not None else None, loss_cfg or self.cfg.loss,
+                                        with_ref=k == 0)
             loss.backward()
             loss_sum += float(loss.item())
-            for name in ("tokens", "clipped", "ratio", "kl", "entropy"):
+            for name in ("tokens", "clipped", "ratio", "kl", "entropy", "kl_tokens"):
                 setattr(agg, name, getattr(agg, name) + getattr(st, name))
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self.cfg.max_grad_norm is not None:
@@ -191,7 +199,7 @@ class GrpoLearner:
 
     def _micro_step(self, samples: list[Sample], advs: list[float], normalizer: int,
                     prox: torch.Tensor | None = None, loss_cfg: LossConfig | None = None,
-                    ) -> tuple[torch.Tensor, LossStats]:
+                    with_ref: bool = True) -> tuple[torch.Tensor, LossStats]:
         loss_cfg = loss_cfg or self.cfg.loss
         batch = pack([s.prompt_token_ids for s in samples], [s.response_token_ids for s in samples],
                      self.tokenizer.pad_id)
@@ -206,7 +214,7 @@ class GrpoLearner:
             else:  # no engine log-probs: on-policy, ratio 1
                 old[b, :n] = logp[b, :n].detach()
         ref = None
-        if self.ref_model is not None:
+        if self.ref_model is not None and (loss_cfg.kl_beta > 0 or with_ref):  # a penalty needs it everywhere
             with torch.no_grad():
                 ref, _ = response_logprobs(self.ref_model, batch, temperature=temperatures)
         if entropy is not None and not loss_cfg.entropy_coef:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -36,7 +37,7 @@ from litstream.streams.consume_loop import ConsumeLoop, Fetch, Offsets, Record, 
 from litstream.streams.deadletter import DeadLetters, Rejected
 
 from . import toy_task
-from .checkpoint import checkpoint_extra, latest_checkpoint
+from .checkpoint import checkpoint_extra, latest_checkpoint, load_weights_into
 from .engines import VllmEngine
 from .learner import GrpoLearner, LearnerConfig, StepStats
 from .policy import PolicyKind, build_policy
@@ -63,6 +64,9 @@ class TrainerConfig:
     sampling: dict[str, Any] = field(default_factory=lambda: {"temperature": 1.0,
                                                               "max_tokens": toy_task.MAX_NEW_TOKENS})
     learner: LearnerConfig = field(default_factory=lambda: LearnerConfig(lr=5e-3))
+    # Fall back to these weights (a checkpoint directory, e.g. the best validated version's) on start: the run
+    # goes on from the newest checkpoint's version, positions and window, and publishes them as the next version.
+    restore: Path | None = None
 
     def learner_config(self) -> LearnerConfig:
         """The learner's settings, scoring at the temperature this trainer publishes: the one agents that read
@@ -89,6 +93,9 @@ class TrainerProcess(Work[TripletEmitted]):
         self.counters = {"steps": 0, "triplets": 0, "version": 0, "waiting_s": 0.0,
                          "training_s": 0.0, "lag": 0.0, "flat_groups": 0, "groups": 0}
         self.positions: dict[int, int] = {}  # partition -> next offset to read
+        self.left_out: Counter[str] = Counter()  # samples left out of the loss so far, by reason (sampling.py)
+        self.drift: dict[str, float] = {}  # the last step's entropy, KL and clipped share (signals.drift_problem)
+        self.restored_from: str | None = None  # the checkpoint whose weights this process fell back to
         self._checkpointed: Offsets = {}  # the positions the newest checkpoint holds
         self.vllm = VllmEngine(self.cfg.vllm_url, f"{self.cfg.policy}-policy") if self.cfg.vllm_url else None
         torch.manual_seed(self.cfg.seed)
@@ -108,6 +115,8 @@ class TrainerProcess(Work[TripletEmitted]):
             self.windower = Windower(self.cfg.window(), self.learner.version)
             self.path = self._save()
             log.info("initial policy v0 (%s) at %s", self.cfg.policy, self.path)
+        if self.cfg.restore is not None:
+            self._restore(self.cfg.restore)
         self.counters["version"] = self.learner.version
         self._last_step_end = time.monotonic()
         self.heartbeat = health.Heartbeat(settings.data_dir, ROLE, self.report, every_s=1.0)
@@ -116,8 +125,20 @@ class TrainerProcess(Work[TripletEmitted]):
                                 Fetch(max_records=512, wait_s=0.2))
         self.stop_event = self.loop.stop_event
 
+    def _restore(self, source: Path) -> None:
+        """Load ``source``'s weights (a fresh optimizer: its moments belong to the weights left behind) and save
+        them as the next version, published once the process runs."""
+        load_weights_into(self.learner.model, source)
+        self.learner.reset_optimizer()
+        self.learner.version += 1
+        self.windower.set_version(self.learner.version)
+        self.path = self._save()
+        self.restored_from = str(source)
+        log.info("fell back to the weights of %s as policy v%d", source, self.learner.version)
+
     def report(self) -> Mapping[str, Any]:
-        return {**self.counters, "dead_letters": self.loop.letters.seen, **self.windower.stats.as_dict()}
+        return {**self.counters, "dead_letters": self.loop.letters.seen, **self.windower.stats.as_dict(),
+                "left_out": dict(self.left_out), "restored_from": self.restored_from, **self.drift}
 
     def stop(self) -> None:
         self.loop.stop()
@@ -226,6 +247,10 @@ class TrainerProcess(Work[TripletEmitted]):
         self.counters["training_s"] += stats.seconds
         self.counters["lag"] = stats.version_lag  # the last window's: versions between its samples and the step
         self.counters["flat_groups"], self.counters["groups"] = stats.zero_adv_groups, stats.groups
+        self.counters["samples_total"] = self.counters.get("samples_total", 0) + stats.samples
+        self.left_out.update(stats.left_out)
+        if stats.tokens:
+            self.drift = {"entropy": stats.entropy, "kl_start": stats.kl, "clip_frac": stats.clip_frac}
         _observe_step(stats)
         record = {"time": time.time(), "window": window.reason, "wait_s": waited, "save_s": save_s,
                   "reload_s": reload_s, "reward_by_generating_version": {v: sum(r) / len(r)

@@ -31,8 +31,8 @@ from .openai_api import (
     validation_error,
 )
 from .recorder import CallScope, SpanDraft, SpanRecorder
-from .sampling_defaults import SamplingDefaults
 from .responses import Call, full_response, models_list, span_attributes, sse, stream_chunks
+from .sampling_defaults import SamplingDefaults
 
 log = logging.getLogger("litstream.policy_server")
 ATTEMPT_PREFIX = "/rollout/{rid}/attempt/{aid}"
