@@ -37,7 +37,8 @@ from litstream.streams.span_rows import SPAN_COLUMNS, span_arrow, span_columns
 from tests.samples import RID, F, all_records, span
 
 MIGRATIONS = ["0001_spans", "0002_spans_genai_columns", "0003_rollout_events", "0004_triplets",
-              "0005_spans_ttl_from_ingest"]
+              "0005_spans_ttl_from_ingest", "0006_tool_calls_view", "0007_tool_usage_view",
+              "0008_tool_call_errors_view", "0009_attempt_tool_use_view"]
 
 
 def _with_database(url: str, database: str) -> str:
