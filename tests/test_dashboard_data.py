@@ -3,6 +3,7 @@ rewards, chart data; and the dead-letter headers it reads."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -88,10 +89,66 @@ def test_llm_calls_and_rewards() -> None:
         "agentlightning.reward.0.name": "primary", "agentlightning.reward.0.value": 0.5,
         "agentlightning.reward.1.name": "style", "agentlightning.reward.1.value": 1})
     calls = data.llm_calls([indexed, as_json, reward])
-    assert calls[0].messages == [("system", "be brief"), ("user", "2+2?"), ("assistant", "4")]
+    assert [m[:2] for m in calls[0].messages] == [("system", "be brief"), ("user", "2+2?"), ("assistant", "4")]
     assert (calls[0].model, calls[0].input_tokens, calls[0].output_tokens) == ("m", 7, 1)
-    assert calls[1].messages == [("user", "hi"), ("assistant", "not json")] and calls[1].input_tokens is None
+    assert [m[:2] for m in calls[1].messages] == [("user", "hi"), ("assistant", "not json")]
+    assert calls[1].input_tokens is None
     assert data.rewards([indexed, reward]) == [("r", "primary", 0.5), ("r", "style", 1.0)]
+
+
+def test_tool_calls_show_in_the_conversation_and_the_span_tree() -> None:
+    tools = json.dumps([{"type": "function", "function": {"name": "get_weather", "parameters": {}}},
+                        {"type": "function", "function": {"name": "search", "parameters": {}}}])
+    c1 = {"id": "c1", "type": "function", "name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    c2 = {"id": "c2", "type": "function", "name": "search", "arguments": '{"q": "x"}'}
+    ask = span("l1", None, 0, 1, name="chat m", **{
+        "gen_ai.operation.name": "chat", "gen_ai.tool.definitions": tools, "gen_ai.request.tool_choice": "required",
+        "gen_ai.prompt.0.role": "user", "gen_ai.prompt.0.content": "Weather in Oslo?",
+        "gen_ai.completion.0.role": "assistant", "gen_ai.completion.0.content": "",
+        "gen_ai.completion.0.tool_calls": json.dumps([c1, c2]), "litstream.constrained": True,
+        "litstream.tool_calls.count": 2, "litstream.tool_calls.malformed": 0})
+    run = span("t1", None, 1, 2, name="execute_tool get_weather", **{
+        "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_weather", "gen_ai.tool.call.id": "c1",
+        "gen_ai.tool.call.arguments": '{"city": "Oslo"}', "gen_ai.tool.call.result": '{"sky": "clear"}'})
+    failed = span("t2", None, 2, 3, name="execute_tool search", **{
+        "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search", "gen_ai.tool.call.id": "c2",
+        "gen_ai.tool.call.arguments": '{"q": "x"}'})
+    failed.status = TraceStatus(status_code="ERROR", description="ValueError: search is down")
+    answer = span("l2", None, 3, 4, name="chat m", **{
+        "gen_ai.operation.name": "chat", "gen_ai.prompt.0.role": "user", "gen_ai.prompt.0.content": "Weather?",
+        "gen_ai.prompt.1.role": "assistant", "gen_ai.prompt.1.tool_calls": json.dumps([c1]),
+        "gen_ai.prompt.2.role": "tool", "gen_ai.prompt.2.content": '{"sky": "clear"}',
+        "gen_ai.prompt.2.tool_call_id": "c1", "gen_ai.completion.0.content": "Clear.",
+        "litstream.tool_calls.malformed": 1})
+    semconv = span("l3", None, 4, 5, **{
+        "gen_ai.operation.name": "chat",
+        "gen_ai.input.messages": json.dumps([{"role": "tool", "parts": [
+            {"type": "tool_call_response", "id": "c1", "response": "clear"}]}]),
+        "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": [
+            {"type": "text", "content": "Let me look."},
+            {"type": "tool_call", "id": "c9", "name": "search", "arguments": {"q": "Oslo"}}]}])})
+
+    first, second, third = data.llm_calls([ask, run, failed, answer, semconv])
+    assert (first.tools, first.tool_choice, first.constrained, first.malformed) == (
+        ["get_weather", "search"], "required", True, 0)
+    done, raised = first.messages[-1].tool_calls
+    assert (done.name, done.arguments, done.result, done.error, done.span_id) == (
+        "get_weather", '{"city": "Oslo"}', '{"sky": "clear"}', None, "t1")
+    assert (raised.name, raised.result, raised.error) == ("search", None, "ValueError: search is down")
+    assert second.malformed == 1 and not second.constrained
+    assert [(m.role, m.content, m.tool_call_id) for m in second.messages] == [
+        ("user", "Weather?", ""), ("assistant", "", ""), ("tool", '{"sky": "clear"}', "c1"),
+        ("assistant", "Clear.", "")]
+    assert [c.id for c in second.messages[1].tool_calls] == ["c1"]
+    assert [(m.role, m.content, m.tool_call_id) for m in third.messages] == [
+        ("tool", "clear", "c1"), ("assistant", "Let me look.", "")]
+    assert [(c.name, c.arguments) for c in third.messages[1].tool_calls] == [("search", '{"q": "Oslo"}')]
+
+    rows = {r.span.span_id: r for r in data.waterfall([ask, run, failed, answer, semconv])}
+    assert [rows[i].kind for i in ("l1", "t1", "t2", "l2", "l3")] == ["llm", "tool", "tool", "llm", "llm"]
+    assert rows["l1"].note == '→ get_weather({"city": "Oslo"}), search({"q": "x"})'
+    assert rows["t1"].note == '{"city": "Oslo"} → {"sky": "clear"}' and rows["t2"].note == '{"q": "x"}'
+    assert rows["l2"].note == "" and rows["l3"].note == '→ search({"q": "Oslo"})'
 
 
 def test_chart_data() -> None:

@@ -10,7 +10,7 @@ import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from litstream.schemas.events import RolloutSnapshot
 from litstream.schemas.models import ROLLOUT_STATUSES, Span
@@ -125,13 +125,19 @@ class WaterfallRow:
     width: float
     duration_ms: float
     attributes: list[tuple[str, str]]
-    kind: str  # llm | reward | other
+    kind: str  # llm | tool | reward | other
+    note: str = ""  # a tool's arguments and result, the tool calls an LLM call answered with
+
+
+TOOL_OPERATION = "execute_tool"  # a tool's execution (the SDK's tool_span, the OpenTelemetry GenAI convention)
 
 
 def span_kind(span: Span) -> str:
     attrs = span.attributes
     if span.name == "agentlightning.annotation" or any(k.startswith("agentlightning.reward") for k in attrs):
         return "reward"
+    if attrs.get("gen_ai.operation.name") == TOOL_OPERATION or span.name.startswith(TOOL_OPERATION + " "):
+        return "tool"
     if any(k.startswith(("gen_ai.prompt", "gen_ai.input", "gen_ai.usage")) for k in attrs) or \
             attrs.get("gen_ai.operation.name") in ("chat", "text_completion", "generate_content"):
         return "llm"
@@ -177,9 +183,23 @@ def waterfall(spans: Sequence[Span]) -> list[WaterfallRow]:
     for s in _tree_order(spans):
         start, end = s.start_time or t0, s.end_time or s.start_time or t0
         attrs = sorted((k, _short(v)) for k, v in s.attributes.items())
+        kind = span_kind(s)
         rows.append(WaterfallRow(s, depths.get(s.span_id, 0), (start - t0) / total * 100,
-                                 max(0.5, (end - start) / total * 100), (end - start) * 1000, attrs, span_kind(s)))
+                                 max(0.5, (end - start) / total * 100), (end - start) * 1000, attrs, kind,
+                                 span_note(s, kind)))
     return rows
+
+
+def span_note(span: Span, kind: str) -> str:
+    """One line beside a span's name: a tool's arguments and result, or the calls an LLM call answered with."""
+    a = span.attributes
+    if kind == "tool":
+        note = _short(a.get("gen_ai.tool.call.arguments", ""), 120)
+        return note + (f" → {_short(a['gen_ai.tool.call.result'], 120)}" if "gen_ai.tool.call.result" in a else "")
+    if kind == "llm":
+        calls = answer_tool_calls(a)
+        return ("→ " + ", ".join(f"{c.name}({_short(c.arguments, 80)})" for c in calls)) if calls else ""
+    return ""
 
 
 def _short(value: Any, limit: int = 2000) -> str:
@@ -188,33 +208,110 @@ def _short(value: Any, limit: int = 2000) -> str:
 
 
 @dataclass
+class ToolCall:
+    """A call the model made; ``result`` and ``error`` come from the attempt's ``execute_tool`` span of the same
+    call id, when it recorded one."""
+
+    id: str
+    name: str
+    arguments: str
+    result: str | None = None
+    error: str | None = None
+    span_id: str | None = None  # the execution's span
+
+
+class Message(NamedTuple):
+    role: str
+    content: str
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant's calls
+    tool_call_id: str = ""  # a tool message: the call it answers
+
+
+@dataclass
 class LlmCall:
     span_id: str
     name: str
     model: str
-    messages: list[tuple[str, str]]  # (role, content), prompt then completion
+    messages: list[Message]  # prompt then completion
     input_tokens: int | None
     output_tokens: int | None
+    tools: list[str] = field(default_factory=list)  # the tools offered
+    tool_choice: str = ""
+    malformed: int = 0  # answers that began a tool call and did not parse (returned as text)
+    constrained: bool = False
 
 
-def _indexed_messages(attrs: Mapping[str, Any], prefix: str, default_role: str) -> list[tuple[str, str]]:
+def _json_list(raw: Any) -> list[Any]:
+    if isinstance(raw, list):
+        return raw
+    try:
+        value = json.loads(raw) if isinstance(raw, str) else None
+    except json.JSONDecodeError:
+        return []
+    return value if isinstance(value, list) else []
+
+
+def _tool_call(item: Mapping[str, Any]) -> ToolCall:
+    """``{"id", "name", "arguments"}`` (the endpoint's spans, a GenAI ``tool_call`` part) or OpenAI's
+    ``{"id", "function": {"name", "arguments"}}``."""
+    fn = item["function"] if isinstance(item.get("function"), Mapping) else item
+    args = fn.get("arguments", "")
+    return ToolCall(str(item.get("id") or ""), str(fn.get("name") or "?"),
+                    args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
+
+
+def _tool_calls(raw: Any) -> tuple[ToolCall, ...]:
+    return tuple(_tool_call(c) for c in _json_list(raw) if isinstance(c, Mapping))
+
+
+def _indexed_messages(attrs: Mapping[str, Any], prefix: str, default_role: str) -> list[Message]:
     out = []
     i = 0
-    while f"{prefix}.{i}.content" in attrs or f"{prefix}.{i}.role" in attrs:
-        out.append((str(attrs.get(f"{prefix}.{i}.role", default_role)), str(attrs.get(f"{prefix}.{i}.content", ""))))
+    while any(f"{prefix}.{i}.{key}" in attrs for key in ("content", "role", "tool_calls")):
+        p = f"{prefix}.{i}"
+        out.append(Message(str(attrs.get(f"{p}.role", default_role)), str(attrs.get(f"{p}.content", "")),
+                           _tool_calls(attrs.get(f"{p}.tool_calls")), str(attrs.get(f"{p}.tool_call_id", ""))))
         i += 1
     return out
 
 
-def _json_messages(raw: Any, default_role: str) -> list[tuple[str, str]]:
+def _json_message(m: Mapping[str, Any], default_role: str) -> Message:
+    """A message of ``gen_ai.input.messages`` / ``gen_ai.output.messages``: plain ``content``, or GenAI ``parts``
+    (text, ``tool_call``, ``tool_call_response``)."""
+    role = str(m.get("role", default_role))
+    parts = m.get("parts")
+    if not isinstance(parts, list):
+        return Message(role, _short(m.get("content", "")), _tool_calls(m.get("tool_calls")),
+                       str(m.get("tool_call_id") or ""))
+    texts, calls, answers = [], [], ""
+    for part in (p for p in parts if isinstance(p, Mapping)):
+        if part.get("type") == "tool_call":
+            calls.append(_tool_call(part))
+        elif part.get("type") == "tool_call_response":
+            answers = str(part.get("id") or "")
+            texts.append(_short(part.get("response", part.get("result", ""))))
+        else:
+            texts.append(_short(part.get("content", "")))
+    return Message(role, "\n".join(texts), tuple(calls), answers)
+
+
+def _json_messages(raw: Any, default_role: str) -> list[Message]:
     try:
         items = json.loads(raw) if isinstance(raw, str) else raw
     except json.JSONDecodeError:
-        return [(default_role, str(raw))]
+        return [Message(default_role, str(raw))]
     if not isinstance(items, list):
-        return [(default_role, str(raw))]
-    return [(str(m.get("role", default_role)), _short(m.get("content", m.get("parts", ""))))
-            for m in items if isinstance(m, dict)]
+        return [Message(default_role, str(raw))]
+    return [_json_message(m, default_role) for m in items if isinstance(m, Mapping)]
+
+
+def answer_tool_calls(attrs: Mapping[str, Any]) -> tuple[ToolCall, ...]:
+    """The tool calls an LLM call answered with: ``gen_ai.completion.0.tool_calls``, else the ``tool_call`` parts
+    of ``gen_ai.output.messages``."""
+    if "gen_ai.completion.0.tool_calls" in attrs:
+        return _tool_calls(attrs["gen_ai.completion.0.tool_calls"])
+    return tuple(c for m in _json_messages(attrs.get("gen_ai.output.messages", "[]"), "assistant")
+                 for c in m.tool_calls)
 
 
 def _int(value: Any) -> int | None:
@@ -224,22 +321,52 @@ def _int(value: Any) -> int | None:
         return None
 
 
-def llm_calls(spans: Sequence[Span]) -> list[LlmCall]:
-    calls = []
-    for s in spans:
-        if span_kind(s) != "llm":
+def _tool_names(raw: Any) -> list[str]:
+    """The names in ``gen_ai.tool.definitions`` (OpenAI tool objects)."""
+    out = []
+    for tool in (t for t in _json_list(raw) if isinstance(t, Mapping)):
+        fn = tool["function"] if isinstance(tool.get("function"), Mapping) else tool
+        out.append(str(fn.get("name") or "?"))
+    return out
+
+
+def executions(spans: Sequence[Span]) -> dict[str, Span]:
+    """The attempt's ``execute_tool`` spans by the call id they ran."""
+    return {str(s.attributes["gen_ai.tool.call.id"]): s for s in spans
+            if span_kind(s) == "tool" and s.attributes.get("gen_ai.tool.call.id")}
+
+
+def _attach_results(messages: list[Message], runs: Mapping[str, Span]) -> None:
+    for call in (c for m in messages for c in m.tool_calls):
+        run = runs.get(call.id)
+        if run is None:
             continue
-        a = s.attributes
-        messages = _indexed_messages(a, "gen_ai.prompt", "user") + _indexed_messages(a, "gen_ai.completion",
-                                                                                       "assistant")
-        if not messages:
-            messages = _json_messages(a.get("gen_ai.input.messages", "[]"), "user") + \
-                _json_messages(a.get("gen_ai.output.messages", "[]"), "assistant")
-        inp = _int(a.get("gen_ai.usage.input_tokens", a.get("gen_ai.usage.prompt_tokens")))
-        out = _int(a.get("gen_ai.usage.output_tokens", a.get("gen_ai.usage.completion_tokens")))
-        model = str(a.get("gen_ai.request.model") or a.get("gen_ai.response.model") or "")
-        calls.append(LlmCall(s.span_id, s.name, model, messages, inp, out))
-    return calls
+        call.span_id = run.span_id
+        if "gen_ai.tool.call.result" in run.attributes:
+            call.result = _short(run.attributes["gen_ai.tool.call.result"])
+        if run.status.status_code == "ERROR":
+            call.error = run.status.description or "the tool raised"
+
+
+def _llm_call(s: Span, runs: Mapping[str, Span]) -> LlmCall:
+    a = s.attributes
+    messages = _indexed_messages(a, "gen_ai.prompt", "user") + _indexed_messages(a, "gen_ai.completion", "assistant")
+    if not messages:
+        messages = _json_messages(a.get("gen_ai.input.messages", "[]"), "user") + \
+            _json_messages(a.get("gen_ai.output.messages", "[]"), "assistant")
+    _attach_results(messages, runs)
+    inp = _int(a.get("gen_ai.usage.input_tokens", a.get("gen_ai.usage.prompt_tokens")))
+    out = _int(a.get("gen_ai.usage.output_tokens", a.get("gen_ai.usage.completion_tokens")))
+    model = str(a.get("gen_ai.request.model") or a.get("gen_ai.response.model") or "")
+    return LlmCall(s.span_id, s.name, model, messages, inp, out, _tool_names(a.get("gen_ai.tool.definitions")),
+                   str(a.get("gen_ai.request.tool_choice", "")), _int(a.get("litstream.tool_calls.malformed")) or 0,
+                   a.get("litstream.constrained") is True)
+
+
+def llm_calls(spans: Sequence[Span]) -> list[LlmCall]:
+    """Each LLM call's conversation; a tool call carries what its execution span recorded."""
+    runs = executions(spans)
+    return [_llm_call(s, runs) for s in spans if span_kind(s) == "llm"]
 
 
 def rewards(spans: Sequence[Span]) -> list[tuple[str, str, float]]:
