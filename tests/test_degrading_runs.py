@@ -3,8 +3,10 @@ KL to the starting policy, and the trainer restarting from the best validated ve
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from litstream.infra.settings import Settings
@@ -17,6 +19,7 @@ from litstream.trainer.signals import DriftBands, ValEstimate, drift_problem, va
 from litstream.trainer.windows import Sample
 
 torch.set_num_threads(1)
+TASKS = [{"letter": "a", "count": 1}, {"letter": "b", "count": 2}, {"letter": "c", "count": 1}]
 
 
 def test_a_step_out_of_band_is_named_and_one_within_it_is_not() -> None:
@@ -93,3 +96,23 @@ def test_a_trainer_restored_from_a_checkpoint_serves_its_weights_as_the_next_ver
     finally:
         trainer.loop.consumer.close()
         trainer.events.close()
+
+
+@pytest.mark.timeout(900)
+def test_a_run_out_of_band_falls_back_to_its_best_version_and_then_stops(tmp_path: Path) -> None:
+    """Bands no step can meet (entropy above half the first step's): after two steps the run falls back to v0,
+    its best validated version, through a trainer restarted with v0's weights; after two more it stops."""
+    from litstream.app.fit import Trainer
+
+    algorithm = GRPO(group_size=2, groups_per_step=1, passes=40, val_every=5, window_seconds=5.0,
+                     watch_drift=True, drift_bands=DriftBands(entropy_high=0.5), max_fallbacks=1, max_versions=30)
+    summary = Trainer(algorithm=algorithm, n_runners=1, concurrency=4, quiet=True,
+                      settings=Settings(data_dir=tmp_path / "data", partitions=2)).fit(
+        "tests.fit_agents:copy_agent", TASKS, TASKS[:2])
+    fallbacks = summary.extra["fallbacks"]
+    assert len(fallbacks) == 1 and fallbacks[0]["to_version"] == 0 and "entropy" in fallbacks[0]["reason"]
+    assert summary.extra["stopped"].startswith("the policy is degrading")
+    restored = [json.loads(line) for line in (tmp_path / "data" / "train" / "trainer-metrics.jsonl").read_text()
+                .splitlines()]
+    assert restored  # the restarted trainer went on training from the restored weights
+    assert summary.failed == 0

@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from litstream.schemas.models import NamedResources, PromptTemplate
@@ -254,6 +255,7 @@ class GRPO(Algorithm):
     # pretrained models) and validation falling twice in a row: the run says so and falls back to the best
     # validated version, at most ``max_fallbacks`` times (then it stops).
     watch_drift: bool | None = None
+    drift_bands: DriftBands = field(default_factory=DriftBands)
     max_fallbacks: int = 2
     seed: int = 0
     name: str = "grpo"
@@ -297,7 +299,7 @@ class GRPO(Algorithm):
         self._val_pending: dict[int, int] = {}  # version -> validation rollouts not back yet
         self._warned_val = False
         self._last_rollout: str | None = None
-        self.watch = _DriftWatch(DriftBands() if self.watch_drift else None)
+        self.watch = _DriftWatch(self.drift_bands if self.watch_drift else None)
         self.fallbacks: list[dict[str, Any]] = []  # each fall back to the best validated version: why, to what
 
     # --- what the run is ------------------------------------------------------------------------------------
@@ -463,7 +465,8 @@ class GRPO(Algorithm):
         best = best_version(self.val_estimates)
         checkpoint = self._checkpoint_of(driver, best) if best is not None else None
         version = int(info.get("version", 0))
-        if checkpoint is None or best is None or len(self.fallbacks) >= self.max_fallbacks:
+        if checkpoint is None or best is None or len(self.fallbacks) >= self.max_fallbacks \
+                or not Path(checkpoint).is_dir():  # pruned, or on another machine: nothing to fall back to
             self.stopped = f"the policy is degrading ({reason}); {TRY_WHEN_DEGRADING}"
             _notice(driver, f"early stop: {self.stopped}")
             queue.clear()
@@ -476,7 +479,8 @@ class GRPO(Algorithm):
 
     def _checkpoint_of(self, driver: Driver, version: int) -> str | None:
         resources = driver.resources(policy_resources_id(version))
-        return next((str(r.checkpoint) for r in resources.values() if getattr(r, "checkpoint", None)), None)
+        return next((str(getattr(r, "checkpoint")) for r in resources.values() if getattr(r, "checkpoint", None)),
+                    None)
 
     def _submit_waves(self, driver: Driver, queue: _TaskQueue, policy: Policy, waves_sent: int) -> int:
         """One window of groups per published version, two ahead; returns the waves sent so far. If nothing is
