@@ -90,6 +90,8 @@ def train_one(agent: str, model: str, versions: int, data_dir: Any, concurrency:
     order = sorted(val, key=int)
     best = max(order, key=lambda v: (val[v]["mean"], int(v))) if order else None
     pick = {"v0": order[0] if order else None, "best": best, "last": order[-1] if order else None}
+    if summary.interrupted:
+        raise KeyboardInterrupt  # Ctrl-C (or SIGTERM) stops the whole matrix, not just this agent's run
     return {"agent": agent, "model": model, "seconds": round(summary.seconds), "failed": summary.failed,
             "fallbacks": summary.extra.get("fallbacks", []), "left_out": summary.extra.get("left_out", {}),
             **{k: ({"version": int(v), **val[v]} if v is not None else None) for k, v in pick.items()}}
