@@ -107,7 +107,7 @@ def cancel_rollout(settings: Settings, rollout_id: str) -> str:
         store = LitStore(settings, wait_s=15.0)
         try:
             await store.wait_until_ready(timeout=15.0)
-            rollout = await store.update_rollout(rollout_id, status="cancelled")
+            rollout = await store.cancel_rollout(rollout_id)  # a finished rollout stays as it ended
             return str(rollout.status)
         finally:
             await store.close()

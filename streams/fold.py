@@ -6,10 +6,17 @@ Rules (reference semantics, Agent Lightning 0.3, except where noted):
 * A claim (``AttemptStarted``) is accepted only for a queuing/requeuing rollout and only for the next attempt
   number: a second claim for the same offer is rejected (explicit version check).
 * Heartbeats promote preparing/unresponsive attempts to running, and the rollout with its latest attempt.
-* Terminal rollout states (succeeded, failed, cancelled) are final: a late status change of a finished rollout
-  or of its attempts is rejected (the reference applies it). The one way back is the reference's: a new attempt
-  started on purpose (``start_attempt``, a forced ``AttemptStarted``) is accepted on a finished rollout, which
-  then follows its newest attempt again (``preparing``, no end time) as the reference's rollout does.
+* Status events (``RolloutStatusChanged``, ``AttemptStatusChanged``: runners, the SDK, the processor's timers and
+  ``litstream cancel``) keep terminal states final: a status change of a finished rollout or of a succeeded or
+  failed attempt is rejected, so a late timer or a second outcome never rewrites an outcome.
+* The reference's update methods (``RolloutUpdated``, ``AttemptUpdated``: ``update_rollout`` and ``update_attempt``
+  of the Store API and ``/v1/agl``) take the reference's contract: setting the status a rollout or attempt already
+  has is a no-op, any other status is taken, finished or not, and a new status of the latest attempt sets the
+  rollout's (even when the attempt's is unchanged), so the rollout follows its newest attempt. A rollout set back
+  on the queue this way is offered again, for its next attempt number.
+* A new attempt started on purpose (``start_attempt``, a forced ``AttemptStarted``) is accepted on a finished
+  rollout too, which then follows it (``preparing``). A rollout that leaves a finished status has no end time
+  again (the reference keeps the old one); an attempt keeps its end time until it ends again, as there.
 * Each producer's events carry a strictly increasing ``producer_seq``; one at or below the last seen from that
   producer is a redelivery and is ignored.
 """
@@ -127,9 +134,10 @@ def apply(state: RolloutState | None, event: Event) -> Outcome:
     if isinstance(event, AttemptStatusChanged):
         return _attempt_status(state, event)
     if isinstance(event, RolloutStatusChanged):
-        return _rollout_update(state, event, {"status": event.status}, event.time)
+        return _rollout_update(state, event, {"status": event.status}, event.time, final=True)
     if isinstance(event, RolloutUpdated):
-        return _rollout_update(state, event, {f: getattr(event, f) for f in event.set_fields}, event.time)
+        return _rollout_update(state, event, {f: getattr(event, f) for f in event.set_fields}, event.time,
+                               final=False)
     if isinstance(event, AttemptUpdated):
         return _attempt_update(state, event)
     if isinstance(event, SequenceRequested):
@@ -156,9 +164,10 @@ def _enqueued(state: RolloutState | None, ev: RolloutEnqueued) -> Outcome:
 def offer_outdated(state: RolloutState, attempt_sequence: int) -> bool:
     """Whether a claim of attempt number ``attempt_sequence`` can never win, judged from ``state``, which may be
     older than the offer (a replica that has not folded the requeue behind it yet): the attempt it offers exists
-    already, or the rollout finished. Either stays true as the log goes on (attempts are only added; a finished
-    rollout is on offer again only through a forced start, which makes its own attempt)."""
-    return len(state.attempts) >= attempt_sequence or state.status in FINISHED
+    already. That stays true as the log goes on (attempts are only added). A finished rollout is not a reason: an
+    update may put it back on the queue later in the log than ``state`` has read, and the claim of an offer it
+    outlived is refused by the fold."""
+    return len(state.attempts) >= attempt_sequence
 
 
 def _attempt_started(state: RolloutState, ev: AttemptStarted) -> Outcome:
@@ -208,7 +217,7 @@ def _attempt_status(state: RolloutState, ev: AttemptStatusChanged) -> Outcome:
     changes: dict[str, object] = {"worker_id": ev.worker_id or attempt.worker_id}
     if ev.error is not None:
         changes["error"] = ev.error
-    return _set_attempt(state, ev, attempt, ev.status, ev.time, changes)
+    return _set_attempt(state, ev, attempt, ev.status, ev.time, changes, final=True)
 
 
 def _attempt_update(state: RolloutState, ev: AttemptUpdated) -> Outcome:
@@ -222,48 +231,59 @@ def _attempt_update(state: RolloutState, ev: AttemptUpdated) -> Outcome:
     if changes.get("metadata") is None and "metadata" in changes:
         changes["metadata"] = {}
     status = ev.status if "status" in ev.set_fields and ev.status is not None else None
-    return _set_attempt(state, ev, attempt, status, ev.time, changes)
+    return _set_attempt(state, ev, attempt, status, ev.time, changes, final=False)
 
 
 def _set_attempt(state: RolloutState, ev: Event, attempt: AttemptState, status: str | None, time: float,
-                 changes: dict[str, object]) -> Outcome:
-    """Change an attempt; a new status of the latest attempt drives the rollout's."""
-    if status is not None and attempt.status in ATTEMPT_TERMINAL:
-        return _reject(state, ev, f"attempt {attempt.attempt_id} already {attempt.status}")
-    is_latest = state.latest_attempt is not None and state.latest_attempt.attempt_id == attempt.attempt_id
-    if status is not None and state.status in FINISHED:  # no attempt of a finished rollout changes status again
-        return _reject(state, ev, f"rollout already {state.status}")
-    if status is not None:
+                 changes: dict[str, object], final: bool) -> Outcome:
+    """Change an attempt; a new status of the latest attempt drives the rollout's. ``final``: a status event,
+    refused for a succeeded or failed attempt and under a finished rollout."""
+    if status is not None and final:
+        if attempt.status in ATTEMPT_TERMINAL:
+            return _reject(state, ev, f"attempt {attempt.attempt_id} already {attempt.status}")
+        if state.status in FINISHED:  # no attempt of a finished rollout changes status again
+            return _reject(state, ev, f"rollout already {state.status}")
+    if status is not None and status != attempt.status:
         changes["status"] = status
         if status in ATTEMPT_TERMINAL:
             changes["end_time"] = time
     updated = _evolve(attempt, changes)
     rollout_changes: dict[str, Any] = {"attempts": _replace_attempt(state, updated)}
     offer = None
+    is_latest = state.latest_attempt is not None and state.latest_attempt.attempt_id == attempt.attempt_id
     if status is not None and is_latest:
         new_status = rollout_status_from_attempt(state, updated)
-        rollout_changes["status"] = new_status
-        if new_status in FINISHED:
-            rollout_changes["end_time"] = time
-        if new_status == "requeuing" and state.status != "requeuing":
-            offer = Offer(len(state.attempts) + 1)
+        if new_status != state.status:
+            rollout_changes.update(_status_change(state, new_status, time))
+            if new_status in QUEUING and state.status not in QUEUING:
+                offer = Offer(len(state.attempts) + 1)
     return _accept(state, ev, offer, **rollout_changes)
 
 
-def _rollout_update(state: RolloutState, ev: Event, fields: dict[str, object], time: float) -> Outcome:
-    """update_rollout / a status set directly. Terminal states are final; other fields may still change."""
+def _status_change(state: RolloutState, status: str, time: float) -> dict[str, Any]:
+    """A rollout's new status (another than its own) and its end time: set when it finishes, gone when it leaves
+    a finished status."""
+    if status in FINISHED:
+        return {"status": status, "end_time": time}
+    if state.status in FINISHED:
+        return {"status": status, "end_time": None}
+    return {"status": status}
+
+
+def _rollout_update(state: RolloutState, ev: Event, fields: dict[str, object], time: float, final: bool) -> Outcome:
+    """update_rollout (``final=False``) or a status event (``final=True``: terminal states are final). Setting the
+    status the rollout has changes nothing; fields other than the status may change whatever the status."""
     status = fields.get("status")
-    if status is not None and state.status in FINISHED:
+    if status is not None and final and state.status in FINISHED:
         return _reject(state, ev, f"rollout already {state.status}; terminal states are final")
-    changes: dict[str, Any] = {k: v for k, v in fields.items() if k != "status" or v is not None}
+    changes: dict[str, Any] = {k: v for k, v in fields.items() if k != "status"}
     if "metadata" in changes and changes["metadata"] is None:
         changes["metadata"] = {}
     if "config" in changes and changes["config"] is None:
         return _reject(state, ev, "config cannot be null")
     offer = None
-    if status is not None:
-        if status in FINISHED:
-            changes["end_time"] = time
+    if isinstance(status, str) and status != state.status:
+        changes.update(_status_change(state, status, time))
         if status in QUEUING and state.status not in QUEUING:
             offer = Offer(len(state.attempts) + 1)
     return _accept(state, ev, offer, **changes)

@@ -101,10 +101,13 @@ def test_queries_and_updates_answer_as_the_reference(base: str) -> None:
         assert body["detail"] == f"{field} is invalid; it cannot be a null value."
         assert reason == f"Bad Request: {field} is invalid; it cannot be a null value."
 
-    # a refused transition: the reason reaches the status line, which is what the stock client shows
+    # a finished rollout takes a new status, as the reference's; a refusal's reason reaches the status line, which
+    # is what the stock client shows
     assert agl(base, f"/rollouts/{rid}", "POST", {"status": "cancelled"})[0] == 200
-    status, body, reason, _ = agl(base, f"/rollouts/{rid}", "POST", {"status": "queuing"})
-    assert status == 400 and reason.startswith("Bad Request: ") and body["detail"] in reason
+    status, body, _, _ = agl(base, f"/rollouts/{rid}", "POST", {"status": "queuing"})
+    assert (status, body["status"]) == (200, "queuing")
+    status, body, reason, _ = agl(base, f"/rollouts/{rid}/attempts/at-nope", "POST", {"status": "failed"})
+    assert status == 404 and reason.startswith("Not Found: ") and body["detail"] in reason
 
 
 def _span(rid: str, aid: str, **ids: str | None) -> dict[str, Any]:

@@ -84,9 +84,11 @@ def test_retry_then_fail_after_max_attempts() -> None:
     assert log.state.status == "failed" and log.state.end_time == 7.0  # type: ignore[union-attr]
 
 
-def test_an_offer_is_outdated_only_once_its_attempt_exists_or_the_rollout_finished() -> None:
+def test_an_offer_is_outdated_only_once_its_attempt_exists() -> None:
     """A replica may not have folded the failure behind a retry's offer yet: seen from there the rollout is still
-    running its first attempt, and the offer of the second must not be thrown away."""
+    running its first attempt, and the offer of the second must not be thrown away. Nor may an offer seen against a
+    finished rollout: an update later in the log may have put it back on the queue (the fold refuses the claim of
+    an offer the rollout outlived)."""
     log = Log()
     log.fold(log.enqueue(max_attempts=2, retry_condition=["failed"]))
     assert not offer_outdated(log.state, 1)  # type: ignore[arg-type]
@@ -100,7 +102,10 @@ def test_an_offer_is_outdated_only_once_its_attempt_exists_or_the_rollout_finish
     log.fold(log.claim(2, "at-b"))
     assert offer_outdated(log.state, 2)  # type: ignore[arg-type]
     log.fold(log.rollout("cancelled"))
-    assert offer_outdated(log.state, 3)  # type: ignore[arg-type]
+    assert not offer_outdated(log.state, 3)  # type: ignore[arg-type]
+    assert not log.fold(log.claim(3, "at-c")).accepted  # claimed anyway: refused, the rollout is not on offer
+    requeued = log.fold(RolloutUpdated(meta=log.f.meta(RID), time=6.0, set_fields=["status"], status="requeuing"))
+    assert requeued.offer == Offer(3) and log.fold(log.claim(3, "at-d")).accepted
 
 
 def test_status_outside_retry_condition_fails() -> None:
@@ -208,9 +213,7 @@ def test_update_rollout_changes_only_the_named_fields() -> None:
     assert s is not None and s.metadata == {"k": 1} and s.mode == "val" and s.input == {"q": 1}
     log.fold(log.rollout("cancelled"))
     late_meta = RolloutUpdated(meta=log.f.meta(RID), time=3.0, set_fields=["metadata"], metadata={"k": 2})
-    assert log.fold(late_meta).accepted  # a finished rollout's metadata may still change ...
-    late_status = RolloutUpdated(meta=log.f.meta(RID), time=3.0, set_fields=["status"], status="queuing")
-    assert not log.fold(late_status).accepted  # ... its status may not
+    assert log.fold(late_meta).accepted and log.state.status == "cancelled"  # type: ignore[union-attr]
 
 
 def test_update_rollout_back_to_queuing_offers_it_again() -> None:
@@ -219,6 +222,81 @@ def test_update_rollout_back_to_queuing_offers_it_again() -> None:
     log.fold(log.claim(1, "at-a"))
     out = log.fold(RolloutUpdated(meta=log.f.meta(RID), time=2.0, set_fields=["status"], status="requeuing"))
     assert out.offer == Offer(2)
+
+
+def _update_rollout(log: Log, status: str, t: float):  # type: ignore[no-untyped-def]
+    return log.fold(RolloutUpdated(meta=log.f.meta(RID), time=t, set_fields=["status"], status=status))  # type: ignore[arg-type]
+
+
+def _update_attempt(log: Log, attempt_id: str, status: str, t: float):  # type: ignore[no-untyped-def]
+    return log.fold(AttemptUpdated(meta=log.f.meta(RID), attempt_id=attempt_id, time=t, set_fields=["status"],
+                                   status=status))  # type: ignore[arg-type]
+
+
+def test_updates_of_a_finished_rollout_take_the_references_contract() -> None:
+    """update_rollout / update_attempt (the reference's methods) on a finished rollout: its own status again is a
+    no-op, another status is taken, and the rollout follows its newest attempt; set back on the queue, it is offered
+    for its next attempt."""
+    log = Log()
+    log.fold(log.enqueue())
+    log.fold(log.claim(1, "at-a"))
+    assert _update_attempt(log, "latest", "succeeded", 4.0).accepted
+    done = log.state
+    assert done is not None and (done.status, done.end_time) == ("succeeded", 4.0)
+    same = _update_rollout(log, "succeeded", 5.0)  # the stock client's flow: the attempt, then the rollout
+    assert same.accepted and same.offer is None
+    assert (log.state.status, log.state.end_time) == ("succeeded", 4.0)  # type: ignore[union-attr]
+    assert _update_rollout(log, "failed", 6.0).accepted
+    assert (log.state.status, log.state.end_time) == ("failed", 6.0)  # type: ignore[union-attr]
+    assert _update_attempt(log, "at-a", "succeeded", 7.0).accepted  # the attempt's status is unchanged ...
+    s = log.state
+    assert s is not None and (s.status, s.end_time) == ("succeeded", 7.0)  # ... yet the rollout follows it
+    assert s.attempts[0].end_time == 4.0  # the attempt ended once: its own status again moves nothing
+    assert _update_attempt(log, "latest", "running", 8.0).accepted
+    s = log.state
+    assert s is not None and (s.status, s.end_time, s.attempts[0].status) == ("running", None, "running")
+    requeued = _update_rollout(log, "requeuing", 9.0)
+    assert requeued.accepted and requeued.offer == Offer(2) and log.state.status == "requeuing"  # type: ignore[union-attr]
+    assert not _update_rollout(log, "queuing", 9.5).offer  # on offer already: no second offer
+    assert log.fold(log.claim(2, "at-b")).accepted
+    assert [a.sequence_id for a in log.state.attempts] == [1, 2] and log.state.status == "preparing"  # type: ignore[union-attr]
+
+
+def test_status_events_keep_terminal_states_final() -> None:
+    """A runner's outcome, a timer or `litstream cancel` never rewrites an outcome: a timer decided before the
+    stock client's update_attempt(succeeded) was folded is refused after it."""
+    log = Log()
+    log.fold(log.enqueue(timeout_seconds=1.0))
+    log.fold(log.claim(1, "at-a"))
+    assert _update_attempt(log, "at-a", "succeeded", 3.0).accepted
+    late_timer = log.fold(log.attempt("at-a", "timeout", t=3.5))
+    assert not late_timer.accepted and "already succeeded" in (late_timer.reason or "")
+    cancel = log.fold(log.rollout("cancelled", t=4.0))
+    assert not cancel.accepted and "terminal states are final" in (cancel.reason or "")
+    assert (log.state.status, log.state.end_time) == ("succeeded", 3.0)  # type: ignore[union-attr]
+
+
+def test_a_heartbeat_revives_an_attempt_marked_unresponsive_while_its_rollout_runs() -> None:
+    """update_attempt(unresponsive) fails a rollout without a retry condition; set running again (update_rollout),
+    a heartbeat of the attempt brings it back to running and is recorded, as in the reference. An older attempt
+    marked unresponsive under a newer one is revived too, the rollout staying with its newest attempt."""
+    log = Log()
+    log.fold(log.enqueue())
+    log.fold(log.claim(1, "at-a"))
+    log.fold(log.beat("at-a", t=3.0))
+    assert _update_attempt(log, "at-a", "unresponsive", 4.0).accepted
+    assert log.state.status == "failed"  # type: ignore[union-attr]
+    assert _update_rollout(log, "running", 5.0).accepted
+    assert log.fold(log.beat("at-a", t=6.0)).accepted
+    s = log.state
+    assert s is not None and s.status == "running" and s.end_time is None
+    assert (s.attempts[0].status, s.attempts[0].last_heartbeat_time) == ("running", 6.0)
+    forced = AttemptStarted(meta=log.f.meta(RID), attempt_id="at-b", sequence_id=2, start_time=7.0, force=True)
+    assert log.fold(forced).accepted
+    assert _update_attempt(log, "at-a", "unresponsive", 8.0).accepted
+    assert log.fold(log.beat("at-a", t=9.0)).accepted
+    s = log.state
+    assert s is not None and [a.status for a in s.attempts] == ["running", "preparing"] and s.status == "preparing"
 
 
 def test_update_attempt_latest_drives_the_rollout() -> None:

@@ -78,8 +78,10 @@ def test_store_api(pipeline: Settings) -> None:
             assert att.end_time is not None and att.metadata == {"score": 1}
             done = await store.wait_for_rollouts(rollout_ids=[ro.rollout_id, "ro-unknown"], timeout=10)
             assert [r.status for r in done] == ["succeeded"]
+            same = await store.update_rollout(ro.rollout_id, status="succeeded")  # its own status again: a no-op
+            assert same.status == "succeeded" and same.end_time == done[0].end_time
             with pytest.raises(ValueError, match="terminal"):
-                await store.update_rollout(ro.rollout_id, status="queuing")
+                await store.cancel_rollout(ro.rollout_id)  # a status event: terminal states stay final
             meta = await store.update_rollout(ro.rollout_id, metadata={"note": "kept"})
             assert meta.metadata == {"note": "kept"} and meta.status == "succeeded"
 

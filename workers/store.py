@@ -5,10 +5,12 @@ the fold has folded it in log order (``rollout_replica``; one trip through the l
 followed by ``get_rollout_by_id`` finds the rollout. Reads come from the replica, from live views of the derived
 topics (``streams/views.py``) and, for spans, from ClickHouse. Offers are read by ``offers``.
 
-Differences from the reference, on purpose: terminal rollout states are final (a late change is an error, not
-a resurrection; a new attempt started on a finished rollout is the one way back, as in the reference); a span
-or sequence id for an unknown rollout is an error; span duplicates are recognised within this store's own writes
-(any others collapse in ClickHouse, see docs/api.md, "SQL and the ClickHouse tables").
+``update_rollout`` and ``update_attempt`` take the reference's contract, a finished rollout included: its own
+status again is a no-op, another is taken, and the rollout follows its newest attempt (``streams/fold.py``).
+``cancel_rollout`` (``litstream cancel``) is a status event, which keeps terminal states final, as the runners'
+outcomes and the processor's timers do. Differences from the reference, on purpose: a span or sequence id for an
+unknown rollout is an error; span duplicates are recognised within this store's own writes (any others collapse
+in ClickHouse, see docs/api.md, "SQL and the ClickHouse tables").
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from litstream.schemas.events import (
     ResourcesPublished,
     RolloutEnqueued,
     RolloutSnapshot,
+    RolloutStatusChanged,
     RolloutUpdated,
     SpanRecorded,
     WorkerObserved,
@@ -135,6 +138,7 @@ class LitStore:
         self.rollouts.on_fold(self._observe_attempts)
         self.offers = OfferReader(settings, self.codec, self.rollouts, on_undecodable=self.log.dead_letter)
         self.log.on_enqueued = self.offers.enqueued_here
+        self.rollouts.on_own_offer(self.offers.offered_here)  # a requeue here is on offer here at once, too
         self.claims = Claims(self.log, self.offers)
         self.spans = SpanWriter(settings, self.log)
         self._started = time.time()
@@ -239,6 +243,13 @@ class LitStore:
             fields["config"] = AvroRolloutConfig(**(cfg.model_dump() if isinstance(cfg, RolloutConfig) else cfg))
         event = RolloutUpdated(meta=self.events.factory.meta(rollout_id), time=time.time(), set_fields=list(fields),
                                **fields)
+        return rollout_from_snapshot(self._accepted(await self.log.write(event)))
+
+    async def cancel_rollout(self, rollout_id: str) -> Rollout:
+        """Cancel a rollout that is not finished (``litstream cancel``). A status event: a finished rollout keeps
+        its outcome (ValueError, terminal states are final), where ``update_rollout`` would take the new status."""
+        self.rollouts.known(rollout_id)
+        event = RolloutStatusChanged(meta=self.events.factory.meta(rollout_id), status="cancelled", time=time.time())
         return rollout_from_snapshot(self._accepted(await self.log.write(event)))
 
     async def update_attempt(self, rollout_id: str, attempt_id: str, status: Any = UNSET, worker_id: Any = UNSET,
