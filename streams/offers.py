@@ -22,11 +22,12 @@ from litstream.infra.kafka import Backpressure, PartitionEnds, consumer
 from litstream.infra.settings import Settings
 from litstream.infra.topics import Topics
 from litstream.schemas.codec import Codec, DecodeError
-from litstream.schemas.events import RolloutEnqueued, RolloutOffered, RolloutSnapshot
+from litstream.schemas.events import Event, RolloutEnqueued, RolloutOffered, RolloutSnapshot
 
 from . import fold
 from .deadletter import DeadLetter
 from .rollout_replica import RolloutReplica
+from .state import RolloutState
 
 log = logging.getLogger("litstream.offers")
 # Offers read ahead of the claims at most; how long a dequeue waits for one while none is at hand, and, with
@@ -155,9 +156,9 @@ class OfferReader:
         self._lock = asyncio.Lock()
         self._in_use = 0  # dequeue calls in progress
         self._last_use = 0.0  # when the last one ended (monotonic)
-        # Rollouts enqueued here, with their partition, once the broker holds them: put on offer at once when the
-        # partition is this consumer's (``_offer_own_enqueues``), without waiting for the processor's offer.
-        self._enqueued_here: deque[tuple[RolloutEnqueued, int]] = deque(maxlen=OFFER_READ_AHEAD)
+        # Rollouts enqueued or requeued here, with their partition, once the broker holds them: put on offer at once
+        # when the partition is this consumer's (``_offer_own_enqueues``), without waiting for the processor's offer.
+        self._enqueued_here: deque[tuple[RolloutEnqueued | RolloutOffered, int]] = deque(maxlen=OFFER_READ_AHEAD)
         self._own = 0
         self._to_commit: dict[int, int] = {}  # partition -> position, committed together (``_commit``)
         self._commit_due = False
@@ -166,6 +167,14 @@ class OfferReader:
     def enqueued_here(self, event: RolloutEnqueued, partition: int) -> None:
         """The broker holds a rollout this store enqueued (any thread)."""
         self._enqueued_here.append((event, partition))
+
+    def offered_here(self, event: Event, state: RolloutState, attempt_sequence: int, partition: int) -> None:
+        """An update written here put its rollout back on offer for attempt ``attempt_sequence`` (told by the
+        replica as it folds it, before the writer's answer): a dequeue after it finds the rollout here, as the
+        reference's queue has it, without waiting for the processor's offer (any thread)."""
+        self._enqueued_here.append((RolloutOffered.trusted(
+            meta=event.meta, attempt_sequence=attempt_sequence, input=state.input, mode=state.mode,
+            resources_id=state.resources_id, config=state.config, metadata=state.metadata), partition))
 
     @asynccontextmanager
     async def in_use(self) -> AsyncIterator[None]:
@@ -364,20 +373,20 @@ class OfferReader:
         return []
 
     def _offer_own_enqueues(self, assigned: set[int]) -> None:
-        """Put rollouts enqueued here on offer at once when their partition is this consumer's: the processor's
-        offer would bring the same rollout one trip through the log later (a dequeue right after an enqueue finds
-        it, as in the reference). The processor's offer still comes; whichever is claimed first wins (the fold
-        takes one claim per attempt) and the other is stale (:meth:`_drop_stale`)."""
+        """Put rollouts enqueued (or requeued: :meth:`offered_here`) here on offer at once when their partition is
+        this consumer's: the processor's offer would bring the same rollout one trip through the log later (a
+        dequeue right after an enqueue finds it, as in the reference). The processor's offer still comes; whichever
+        is claimed first wins (the fold takes one claim per attempt) and the other is stale (:meth:`_drop_stale`)."""
         while self._enqueued_here:
-            event, partition = self._enqueued_here.popleft()
+            told, partition = self._enqueued_here.popleft()
             if partition not in assigned:
                 continue  # that partition's consumer hands it out, from the processor's offer
-            offer = RolloutOffered.trusted(meta=event.meta, attempt_sequence=1, input=event.input, mode=event.mode,
-                                           resources_id=event.resources_id, config=event.config,
-                                           metadata=event.metadata)
+            offer = told if isinstance(told, RolloutOffered) else RolloutOffered.trusted(
+                meta=told.meta, attempt_sequence=1, input=told.input, mode=told.mode, resources_id=told.resources_id,
+                config=told.config, metadata=told.metadata)
             self._own += 1
-            self._queue.push(offer_queue_time(offer, self.rollouts.snapshots.get(event.rollout_id)), offer,
-                                   (partition, -self._own))  # no offset: nothing to commit
+            self._queue.push(offer_queue_time(offer, self.rollouts.snapshots.get(offer.rollout_id)), offer,
+                             (partition, -self._own))  # no offset: nothing to commit
 
     def _join(self) -> None:
         self._consumer = consumer(self._settings, group_id=f"{self._settings.topic_prefix}-runners",

@@ -17,20 +17,30 @@ Either way every event is folded once, in the log's order, so the replica's stat
 writer's answer (a claim won or lost, the sequence ids reserved) is the one the processor reaches.
 
 A runner's replica keeps only the newest ``keep_finished`` finished rollouts (succeeded, failed, cancelled):
-it answers claims, and a finished rollout is never on offer again, so memory stays bounded by the work in hand.
+it answers claims, so memory stays bounded by the work in hand. A finished rollout can be reopened (the reference's
+``update_rollout``, ``update_attempt`` and ``start_attempt``, through the Store API or ``/v1/agl``) and so be on
+offer again: a later event of a rollout it let go of makes the replica fold that rollout again from its partition,
+up to the event (:meth:`RolloutReplica._recall`), so its answer to a claim is the processor's.
+
+When an event a writer here waits for puts its rollout back on offer (a requeue by an update), the listeners of
+:meth:`RolloutReplica.on_own_offer` are told, so the writer's process can hand it out at once.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, NamedTuple
 
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+from litstream.infra.kafka import PartitionEnds, consumer
 from litstream.infra.settings import Settings
 from litstream.schemas.codec import Codec
-from litstream.schemas.events import Event, RolloutSnapshot, SequenceRequested
+from litstream.schemas.events import Event, RolloutEnqueued, RolloutSnapshot, SequenceRequested
 from litstream.schemas.models import FINISHED
 
 from . import fold
@@ -39,6 +49,9 @@ from .state import RolloutState
 from .views import TopicFollower
 
 log = logging.getLogger("litstream.replica")
+RECALL_WAIT_S = 30.0  # how long reading a partition again may wait for the broker
+ABSENT_IDS = 10_000  # rollout ids a recall did not find (events of no rollout), not read for again
+OwnOffer = Callable[[Event, RolloutState, int, int], None]  # (event, state after it, attempt number, partition)
 
 
 class Folded(NamedTuple):
@@ -60,6 +73,8 @@ class RolloutReplica(TopicFollower):
         self.states: dict[str, RolloutState] = {}
         self.keep_finished = keep_finished
         self._finished: OrderedDict[str, None] = OrderedDict()  # with ``keep_finished``: oldest first
+        self._absent: OrderedDict[str, None] = OrderedDict()  # recalled in vain (``_recall``)
+        self._settings = settings
         self.snapshots: dict[str, RolloutSnapshot] = {}
         self._folded: dict[int, int] = {}  # partition -> the last offset folded
         # An answer goes out once the event is both folded and acknowledged (the writer's delivery report may come
@@ -67,11 +82,18 @@ class RolloutReplica(TopicFollower):
         self._folded_first: dict[str, Folded] = {}
         self._acked_first: set[str] = set()
         self._on_fold: list[Callable[[Folded], None]] = []
+        self._on_own_offer: list[OwnOffer] = []
         super().__init__(settings, f"{settings.topic_prefix}.rollout-events", codec)
 
     def on_fold(self, listener: Callable[[Folded], None]) -> None:
         """Call ``listener`` (under the replica's lock) with what every accepted event did."""
         self._on_fold.append(listener)
+
+    def on_own_offer(self, listener: OwnOffer) -> None:
+        """Call ``listener(event, state, attempt_sequence, partition)`` (under the replica's lock) when an event a
+        writer of this process waits for puts its rollout on offer: a requeue by ``update_rollout`` or
+        ``update_attempt``. (Enqueues are told by the writer itself, before they are folded.)"""
+        self._on_own_offer.append(listener)
 
     def known(self, rollout_id: str) -> RolloutSnapshot:
         """The rollout's snapshot; an unknown rollout is the caller's error."""
@@ -96,7 +118,7 @@ class RolloutReplica(TopicFollower):
         with self.changed:
             if self._folded.get(partition) == offset - 1:
                 self._folded[partition] = offset
-                self._fold(event)
+                self._fold(event, partition, offset)
                 self._check_watchers()
             event_id = event.meta.event_id
             if event_id in self._waiters:
@@ -119,11 +141,13 @@ class RolloutReplica(TopicFollower):
         if isinstance(event, Unfoldable):
             self.undecodable += 1
             return
-        self._fold(event)
+        self._fold(event, partition, offset)
 
-    def _fold(self, event: Event) -> None:
+    def _fold(self, event: Event, partition: int, offset: int) -> None:
         rid = event.rollout_id
         before = self.states.get(rid)
+        if before is None and self.keep_finished is not None and not isinstance(event, RolloutEnqueued):
+            before = self._recall(rid, partition, offset)  # a rollout let go of, reopened: rare
         try:
             out = fold.apply(before, event)
         except Exception as exc:  # noqa: BLE001 - the processor dead-letters it; the replica must not stop either
@@ -138,22 +162,59 @@ class RolloutReplica(TopicFollower):
             self.states[rid] = out.state
             snap = out.state.snapshot(event.meta, out.accepted, out.reason, out.reserved)
             self.snapshots[rid] = snap
-            if self.keep_finished is not None and out.state.status in FINISHED:
-                self._forget_finished(rid)
+            if self.keep_finished is not None:
+                self._keep(rid, out.state.status in FINISHED)
         done = Folded(before, out.state, snap, out.accepted, out.reason)
         if out.accepted:
             for listener in self._on_fold:
                 listener(done)
+            if out.offer is not None and out.state is not None and event.meta.event_id in self._waiters:
+                for tell in self._on_own_offer:
+                    tell(event, out.state, out.offer.attempt_sequence, partition)
         self._answer(event, done)
 
-    def _forget_finished(self, rollout_id: str) -> None:
-        """Keep at most ``keep_finished`` finished rollouts: the oldest to finish are dropped."""
+    def _keep(self, rollout_id: str, finished: bool) -> None:
+        """Keep at most ``keep_finished`` finished rollouts: the oldest to finish are let go of (recalled if an
+        event comes for one later). One that is not finished (any more) is kept whatever its age."""
+        if not finished:
+            self._finished.pop(rollout_id, None)
+            return
         self._finished[rollout_id] = None
         self._finished.move_to_end(rollout_id)
         while len(self._finished) > (self.keep_finished or 0):
             old, _ = self._finished.popitem(last=False)
             self.states.pop(old, None)
             self.snapshots.pop(old, None)
+
+    def _recall(self, rollout_id: str, partition: int, offset: int) -> RolloutState | None:
+        """The state of a rollout this replica let go of, folded again from its partition's records before
+        ``offset`` (the follower has folded all of them): what a replica that kept it holds; None for an id with
+        no rollout. Rare (a finished rollout reopened by an update, an event for a rollout long finished): one read
+        of the partition, on the thread that folds."""
+        if rollout_id in self._absent:
+            return None
+        key = rollout_id.encode()
+        reader = consumer(self._settings, group_id=f"recall-{rollout_id}", **{"enable.partition.eof": True})
+        state: RolloutState | None = None
+        try:
+            reader.assign([TopicPartition(self.topic, partition, OFFSET_BEGINNING)])
+            ends, give_up = PartitionEnds(), time.monotonic() + RECALL_WAIT_S
+            while partition not in ends.at_end and time.monotonic() < give_up:
+                msg = reader.poll(0.5)
+                if msg is None or not ends.record(msg):
+                    continue
+                if int(msg.offset() or 0) >= offset:
+                    break
+                event = lifecycle_event(self.codec, self.topic, msg.key(), msg.value()) if msg.key() == key else None
+                if event is not None and not isinstance(event, Unfoldable):
+                    state = fold.apply(state, event).state or state
+        finally:
+            reader.close()
+        if state is None:
+            self._absent[rollout_id] = None
+            while len(self._absent) > ABSENT_IDS:
+                self._absent.popitem(last=False)
+        return state
 
     def _answer(self, event: Event, done: Folded) -> None:
         event_id = event.meta.event_id
