@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+import math
 import os
 import signal
 import time
@@ -51,7 +52,11 @@ from .worker_fold import attempt_observations
 
 log = logging.getLogger("litstream.lifecycle")
 ROLE = "lifecycle"
-TICK_S = 0.1  # timer resolution: a deadline is seen at most this late (plus the trip through the log)
+# Timers: each deadline wakes the processor just after it passes (``_wake_by``), so an attempt is marked timed out
+# or unresponsive within milliseconds of its deadline, not up to a tick later; the sweep every TICK_S is the
+# safety net (a wake-up lost to a rebalance, refires). Measured with bench/timer_latency.py (docs/benchmarks.md).
+TICK_S = 0.1
+WAKE_SLACK_S = 0.001  # a wake-up comes this long after its deadline: a timer fires once its deadline has passed
 # Outputs wait (and batch) up to this long; the broker spends CPU per request it stores and serves. An offer is
 # waited for (a runner or a dequeue), so a burst that made one sends everything at once when the source partition
 # has nothing more at hand (EventProducer.send_now). Snapshots and worker observations are not: the store answers
@@ -128,6 +133,10 @@ class LifecycleProcessor:
         self._deadlines: dict[str, tuple[float, int]] = {}
         self._heap: list[tuple[float, str]] = []
         self._fired: dict[str, tuple[str, str]] = {}
+        self._sweeping = asyncio.Lock()  # one pass over the due timers at a time (the tick's, a wake-up's)
+        self._wake: asyncio.TimerHandle | None = None  # the next wake-up, at ``_wake_at`` (epoch seconds)
+        self._wake_at = math.inf
+        self._woken_tasks: set[asyncio.Task[None]] = set()
         self._indexed: tuple[set[int], int] | None = None  # (active partitions, consumer generation) indexed
         self._refired_at = time.monotonic()
         self._ready_told = False
@@ -330,6 +339,7 @@ class LifecycleProcessor:
             return
         self._deadlines[rid] = (deadline.at, partition)
         heapq.heappush(self._heap, (deadline.at, rid))
+        self._wake_by(deadline.at)
         if len(self._heap) > 2 * len(self._deadlines) + HEAP_SLACK:  # mostly superseded entries: keep the live
             self._heap = [(at, key) for key, (at, _) in self._deadlines.items()]
             heapq.heapify(self._heap)
@@ -359,20 +369,49 @@ class LifecycleProcessor:
         self._fired.clear()
         self._refired_at = time.monotonic()
 
-    async def _tick(self) -> None:
-        if self.app.rebalancing or self.app.in_recovery:
+    def _wake_by(self, at: float) -> None:
+        """Run the timers just after ``at`` (epoch seconds), unless a wake-up comes sooner already. Outside the
+        event loop (a test folding by hand) the sweep finds the deadline instead."""
+        if at >= self._wake_at:
             return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if self._wake is not None:
+            self._wake.cancel()
+        self._wake_at = at
+        self._wake = loop.call_later(max(0.0, at - time.time()) + WAKE_SLACK_S, self._woken)
+
+    def _woken(self) -> None:
+        self._wake, self._wake_at = None, math.inf
+        task = asyncio.ensure_future(self._tick())
+        self._woken_tasks.add(task)  # held until done: the loop keeps only a weak reference to a task
+        task.add_done_callback(self._woken_tasks.discard)
+
+    async def _tick(self) -> None:
+        """Fire the due timers (every TICK_S, and at each deadline: ``_wake_by``), then wake at the next one."""
+        if self.app.rebalancing or self.app.in_recovery:
+            return  # no wake-up is asked for meanwhile: the sweep resumes once the partitions are settled
         if not self._ready_told:  # timers start once recovery is done: say so now, not at the 2 s beat
             self._ready_told = True
             metrics.mark_ready()
             await self._beat()
-        actives = self._active_partitions()
-        generation = self.app.consumer_generation_id  # a rebalance that gave back the same partitions changes it
-        if self._indexed != (actives, generation):
-            self._rebuild_index(actives, generation)
-        elif time.monotonic() - self._refired_at > REFIRE_AFTER_S:
-            self._refire()
-        now = time.time()
+        async with self._sweeping:
+            actives = self._active_partitions()
+            generation = self.app.consumer_generation_id  # a rebalance that gave back the same partitions changes it
+            if self._indexed != (actives, generation):
+                self._rebuild_index(actives, generation)
+            elif time.monotonic() - self._refired_at > REFIRE_AFTER_S:
+                self._refire()
+            if self._fire_due(actives, time.time()):
+                self.outputs.send_now()  # waited for by whoever reads the attempt: not held for the linger
+            if self._heap:
+                self._wake_by(self._heap[0][0])  # in the future: every entry already due was taken above
+
+    def _fire_due(self, actives: set[int], now: float) -> int:
+        """Write an ``AttemptStatusChanged`` for every timer due at ``now``; how many were written."""
+        fired = 0
         while self._heap and self._heap[0][0] < now:
             at, rid = heapq.heappop(self._heap)
             current = self._deadlines.get(rid)
@@ -389,7 +428,11 @@ class LifecycleProcessor:
             self.stats[kind] += 1
             event = AttemptStatusChanged(meta=self.factory.meta(rid), attempt_id=attempt.attempt_id, status=kind,
                                          time=now, worker_id=attempt.worker_id)
-            await self.source.send(key=rid.encode(), value=self.codec.encode(event))
+            # Through the outputs' producer, flushed before every commit like the snapshots and offers; one lost
+            # on its way is sent again (``_refire``), and the fold refuses a second one.
+            self._output(self.topics.rollout_events, rid, event)
+            fired += 1
+        return fired
 
     async def _dead_letter(self, letter: DeadLetter) -> None:
         self.stats["dead_letters"] += 1
