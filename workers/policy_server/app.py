@@ -13,7 +13,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aiohttp import web
@@ -33,6 +33,7 @@ from .openai_api import (
 from .recorder import CallScope, SpanDraft, SpanRecorder
 from .responses import Call, full_response, models_list, span_attributes, sse, stream_chunks
 from .sampling_defaults import SamplingDefaults
+from .tool_calls import ToolAnswer, ToolPlan, answer_tools, plan_tools
 
 log = logging.getLogger("litstream.policy_server")
 ATTEMPT_PREFIX = "/rollout/{rid}/attempt/{aid}"
@@ -48,7 +49,8 @@ class PolicyServer:
     defaults: SamplingDefaults = field(default_factory=SamplingDefaults)  # for what a request leaves out
     started: int = field(default_factory=now)
     stats: dict[str, int] = field(default_factory=lambda: {"calls": 0, "errors": 0, "streams": 0,
-                                                           "disconnects": 0})
+                                                           "disconnects": 0, "tool_calls": 0,
+                                                           "tool_calls_malformed": 0})
 
     # -- a call ---------------------------------------------------------------------------------------------
 
@@ -79,16 +81,19 @@ class PolicyServer:
     async def answer(self, request: web.Request, kind: str) -> web.StreamResponse:
         started_ns = time.time_ns()
         req = await _parse(request, ChatCompletionRequest if kind == "chat" else CompletionRequest)
+        plan = plan_tools(req) if isinstance(req, ChatCompletionRequest) else None
         scope = await self.scope_of(request)
         if isinstance(req, ChatCompletionRequest):
             messages = [(str(m.role), m.text()) for m in req.messages]
-            prompt = self.backend.chat_prompt(messages)
+            prompt = self._chat_prompt(plan, messages)
         else:
             assert isinstance(req, CompletionRequest)
             prompt = self.backend.text_prompt(req.prompt)  # type: ignore[arg-type]
             text = req.prompt if isinstance(req.prompt, str) else self.backend.decode(req.prompt)  # type: ignore[arg-type]
             messages = [("user", text)]
         sampling = self.sampling(req, prompt)
+        if plan is not None and plan.forced:  # constrained to a call of the tools
+            sampling = replace(sampling, grammar=plan.grammar(self.backend.tool_template.form))
         reserved = asyncio.ensure_future(self.recorder.reserve(scope, req.n))  # meanwhile, the policy samples
         try:
             answer = await self.backend.generate(prompt, req.n, sampling)
@@ -101,6 +106,8 @@ class PolicyServer:
                     messages=messages, generations=answer.generations, version=answer.version,
                     logprobs=bool(req.logprobs) if kind == "chat" else req.logprobs is not None,
                     token_ids=req.return_token_ids)
+        if plan is not None and plan.used:
+            call.tools = self._answered_tools(plan, call, sampling)
         meta = _Recording(self, scope, call, sampling, request.path, started_ns, reserved,
                           defaulted=_defaulted(req))
         if req.stream:
@@ -108,6 +115,19 @@ class PolicyServer:
         body = full_response(call, self.backend.decode)
         await meta.record()
         return web.json_response(body)
+
+    def _chat_prompt(self, plan: ToolPlan | None, messages: list[tuple[str, str]]) -> list[int]:
+        """A conversation with tools offered or calls in its history is rendered with them (``tool_calls``)."""
+        if plan is None or not plan.used:
+            return self.backend.chat_prompt(messages)
+        return self.backend.tool_chat_prompt(plan.turns, plan.definitions())
+
+    def _answered_tools(self, plan: ToolPlan, call: Call, sampling: Sampling) -> ToolAnswer:
+        tools = answer_tools(plan, self.backend.tool_template.form, [g.text for g in call.generations],
+                             constrained=sampling.grammar is not None)
+        self.stats["tool_calls"] += sum(len(tools.calls(i)) for i in range(len(call.generations)))
+        self.stats["tool_calls_malformed"] += tools.malformed
+        return tools
 
     async def _stream(self, request: web.Request, call: Call, include_usage: bool,
                       meta: _Recording) -> web.StreamResponse:

@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from litstream.trainer.constrained import ToolCallGrammar
 from litstream.trainer.engines import Generation, InferenceEngine, TorchEngine, VllmEngine
 from litstream.trainer.tokenizer import HFTokenizer, Tokenizer, load_tokenizer
 
 from .openai_api import ApiError
+from .tool_calls import ToolTemplate, Turn, generic_turns, native_messages, template_tools
 
 PLAIN_ROLES = {"developer": "system", "function": "tool"}
 
@@ -34,11 +36,13 @@ class Sampling:
     top_p: float = 1.0
     seed: int | None = None
     stops: tuple[str, ...] = ()
+    grammar: ToolCallGrammar | None = None  # a forced tool call: every sequence is constrained to it
 
     @property
-    def batch_key(self) -> tuple[float, float] | None:
-        """Calls with the same key can share one batch; a seeded call is sampled alone (its seed is its own)."""
-        return None if self.seed is not None else (self.temperature, self.top_p)
+    def batch_key(self) -> tuple[float, float, ToolCallGrammar | None] | None:
+        """Calls with the same key can share one batch (a constrained call only with calls of the same grammar);
+        a seeded call is sampled alone (its seed is its own)."""
+        return None if self.seed is not None else (self.temperature, self.top_p, self.grammar)
 
 
 @dataclass
@@ -56,6 +60,11 @@ class Backend(Protocol):
     def version(self) -> int: ...
 
     def chat_prompt(self, messages: Sequence[tuple[str, str]]) -> list[int]: ...
+
+    @property
+    def tool_template(self) -> ToolTemplate: ...
+
+    def tool_chat_prompt(self, turns: Sequence[Turn], tools: list[dict[str, Any]]) -> list[int]: ...
 
     def text_prompt(self, prompt: str | list[int]) -> list[int]: ...
 
@@ -127,6 +136,7 @@ class EngineBackend:
         self._batcher: asyncio.Task[None] | None = None
         self._engine_free_at = 0.0
         self._recorded_version: int | None = None  # an upstream's version, as published
+        self._tool_template: ToolTemplate | None = None
         self.stats = {"calls": 0, "batches": 0, "sequences": 0, "switches": 0}
         self.batch_sizes: deque[int] = deque(maxlen=10_000)  # the latest batches' sizes (benchmarks, tuning)
 
@@ -144,6 +154,33 @@ class EngineBackend:
             ids = rendered["input_ids"] if isinstance(rendered, dict) or hasattr(rendered, "keys") else rendered
             return self._checked([int(i) for i in ids])
         return self._checked(tok.encode(plain_chat_template(messages)))
+
+    @property
+    def tool_template(self) -> ToolTemplate:
+        """How this model's calls are rendered and parsed (``tool_calls.template_tools``)."""
+        if self._tool_template is None:
+            tok = self.tokenizer
+            source = getattr(tok.tok, "chat_template", None) if isinstance(tok, HFTokenizer) else None
+            self._tool_template = template_tools(source if isinstance(source, str) else None)
+        return self._tool_template
+
+    def tool_chat_prompt(self, turns: Sequence[Turn], tools: list[dict[str, Any]]) -> list[int]:
+        """A conversation with tools or calls: the model's own template when it takes tools, else the generic
+        template over its chat template (``tool_calls.generic_turns``)."""
+        template = self.tool_template
+        if not template.native:
+            return self.chat_prompt(generic_turns(turns, tools, template.form))
+        assert isinstance(self.tokenizer, HFTokenizer)
+        from jinja2 import TemplateError
+
+        try:
+            rendered = self.tokenizer.tok.apply_chat_template(native_messages(turns), tools=tools or None,
+                                                              add_generation_prompt=True, tokenize=True)
+        except TemplateError as exc:
+            raise ApiError(400, f"the model's chat template refused the messages: {exc}", param="messages",
+                           code="invalid_value") from None
+        ids = rendered["input_ids"] if isinstance(rendered, dict) or hasattr(rendered, "keys") else rendered
+        return self._checked([int(i) for i in ids])
 
     def text_prompt(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -185,8 +222,14 @@ class EngineBackend:
 
     async def _run(self, prompts: list[list[int]], sampling: Sampling) -> tuple[list[Generation], int]:
         def work() -> tuple[list[Generation], int]:
-            gens = self.engine.generate(prompts, sampling.max_new_tokens, temperature=sampling.temperature,
-                                        top_p=sampling.top_p, seed=sampling.seed)
+            try:
+                gens = self.engine.generate(prompts, sampling.max_new_tokens, temperature=sampling.temperature,
+                                            top_p=sampling.top_p, seed=sampling.seed, grammar=sampling.grammar)
+            except ValueError as exc:
+                if sampling.grammar is None:
+                    raise
+                raise ApiError(400, f"the tools cannot be decoded under a grammar: {exc}", param="tools",
+                               code="invalid_value") from None
             return gens, self.version  # read on the engine's thread: the version these weights are
 
         self.stats["batches"] += 1
@@ -227,7 +270,8 @@ class EngineBackend:
         widest = max(item.sampling.max_new_tokens for item in group)
         base = group[0].sampling
         try:
-            gens, version = await self._run(prompts, Sampling(widest, base.temperature, base.top_p))
+            gens, version = await self._run(prompts, Sampling(widest, base.temperature, base.top_p,
+                                                              grammar=base.grammar))
         except Exception as exc:  # every call of the batch gets the engine's error
             for item in group:
                 if not item.future.done():

@@ -6,11 +6,16 @@ for forward compatibility. Errors use OpenAI's shape: ``{"error": {"message", "t
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from typing import Any, Literal
 
+from jsonschema import Draft202012Validator, SchemaError
+from jsonschema.validators import validator_for
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # what OpenAI's API accepts as a function's name
 
 
 class _Open(BaseModel):
@@ -22,10 +27,25 @@ class ContentPart(_Open):
     text: str | None = None
 
 
+class FunctionCall(_Open):
+    name: str = Field(min_length=1)
+    arguments: str | dict[str, Any]  # a JSON string, as OpenAI sends it (an object is taken too)
+
+
+class MessageToolCall(_Open):
+    """A call an earlier assistant message made."""
+
+    id: str = Field(min_length=1)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Open):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # an assistant message's calls
+    tool_call_id: str | None = None  # the call a tool message answers
 
     def text(self) -> str:
         """The message's text (text parts joined; other parts, e.g. images, are not served by this policy)."""
@@ -38,6 +58,48 @@ class ChatMessage(_Open):
 
 class StreamOptions(_Open):
     include_usage: bool = False
+
+
+class FunctionDefinition(_Open):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema of type object; none: no arguments
+    strict: bool | None = None  # true: a call under "auto" whose arguments do not validate is not taken as one
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not TOOL_NAME.match(v):
+            raise ValueError(f"function name {v!r} is not allowed: 1 to 64 letters, digits, underscores or dashes")
+        return v
+
+    @field_validator("parameters")
+    @classmethod
+    def _schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is None:
+            return v
+        try:
+            validator_for(v, default=Draft202012Validator).check_schema(v)
+        except SchemaError as exc:
+            raise ValueError(f"not a valid JSON Schema: {exc.message}") from None
+        if v.get("type", "object") != "object":
+            raise ValueError(f"the arguments are a JSON object: parameters must be a schema of type object, not "
+                             f"{v.get('type')!r}")
+        return v
+
+
+class ToolDefinition(_Open):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Open):
+    name: str
+
+
+class NamedToolChoice(_Open):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class _Sampling(_Open):
@@ -75,6 +137,9 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     def max_new_tokens(self, default: int) -> int:
         return self.max_completion_tokens or self.max_tokens or default

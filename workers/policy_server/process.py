@@ -11,6 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from litstream.infra import health
+from litstream.infra.metrics import StatSeries
 from litstream.infra.service import AsyncProcess, Service
 from litstream.infra.settings import Settings
 from litstream.streams.log_writer import LogWriter
@@ -23,6 +24,12 @@ from .versions import VersionFollower
 
 log = logging.getLogger("litstream.policy_server")
 ROLE = "policy-server"
+SERIES = {  # the server's counters on /metrics (read from its health report at scrape time)
+    "calls": StatSeries("litstream_policy_calls", "Calls the policy endpoint answered"),
+    "tool_calls": StatSeries("litstream_policy_tool_calls", "Tool calls parsed from the policy's answers"),
+    "tool_calls_malformed": StatSeries("litstream_policy_tool_calls_malformed", "Tool calls the policy began and "
+                                       "did not write as a well-formed call of an offered tool (returned as content)"),
+}
 
 
 @dataclass
@@ -112,4 +119,5 @@ class PolicyServerProcess(AsyncProcess):
 
 def run(settings: Settings, backend: Backend, options: ServerOptions) -> None:
     """Serve in the foreground until SIGINT/SIGTERM."""
-    Service(settings, ROLE, ready_when_built=False).run(lambda s: PolicyServerProcess(s, backend, options))
+    Service(settings, ROLE, series=SERIES, ready_when_built=False).run(
+        lambda s: PolicyServerProcess(s, backend, options))
