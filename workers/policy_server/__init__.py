@@ -2,5 +2,6 @@
 
 See ``docs/policy-server.md``. Modules: ``openai_api`` (request and response bodies), ``backends`` (the torch engine
 with batching, or an OpenAI-compatible upstream), ``recorder`` (spans, sequence ids, heartbeats), ``versions``
-(following the published policy, publishing the server as a ``ProxyLLM``), ``app`` (the aiohttp routes).
+(following the published policy, publishing the server as a ``ProxyLLM``), ``tool_calls`` (tool calling: the
+forms, the generic template, the request's tools, parsing), ``app`` (the aiohttp routes).
 """
