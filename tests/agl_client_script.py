@@ -78,12 +78,12 @@ async def main(url: str) -> dict:
         out["worker_after_attempt"] = None if w3 is None else w3.current_attempt_id == again.attempt.attempt_id
         meta = await client.update_rollout(started.rollout_id, metadata={"k": "v"})
         out["metadata_updated"] = meta.metadata == {"k": "v"}
-        try:
-            await client.update_rollout(ro.rollout_id, status="queuing")
-            out["terminal_change"] = "accepted"
+        try:  # the stock flow: the attempt succeeded (above), then the rollout: its own status again, a no-op
+            again_latest = await client.update_attempt(ro.rollout_id, "latest", status="succeeded")
+            finished = await client.update_rollout(ro.rollout_id, status="succeeded")
+            out["finished_again"] = [again_latest.status, finished.status, finished.end_time is not None]
         except Exception as exc:  # 4xx: the client raises at once
-            out["terminal_change"] = type(exc).__name__
-            out["terminal_change_text"] = str(exc)
+            out["finished_again"] = f"refused: {exc}"
         by_parent = await client.query_spans(ro.rollout_id, sort_by="parent_id")  # a field of Span, as the reference
         out["spans_by_parent"] = len(by_parent)
 

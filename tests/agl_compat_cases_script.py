@@ -1,11 +1,13 @@
 """Drives Agent Lightning 0.3.0's stock LightningStoreClient through the cases where its store's behaviour is
-easy to get wrong: what a span does to its attempt, the queue's order, an attempt after success, span ids that are
+easy to get wrong: what a span does to its attempt, the queue's order, an attempt after success, updates of a
+finished rollout, a requeued rollout dequeued at once, an attempt going unresponsive on its own, span ids that are
 not OpenTelemetry hex, sequence id 0, and a worker heartbeat without stats.
 
 Run with the Agent Lightning virtualenv's python: ``python agl_compat_cases_script.py URL`` against a server
 (a litstream gateway), or ``python agl_compat_cases_script.py reference`` against Agent Lightning's own
-``LightningStoreServer`` over ``InMemoryLightningStore``, started here. Prints one JSON object of observations
-(the same keys either way) for tests/test_agl_compat.py to compare.
+``LightningStoreServer`` over ``InMemoryLightningStore``, started here with ``scan_debounce_seconds=0`` (its health
+check runs on every call, so its timers are as prompt as they can be; no other case has one). Prints one JSON
+object of observations (the same keys either way) for tests/test_agl_compat.py to compare.
 """
 
 import asyncio
@@ -143,6 +145,99 @@ async def attempt_after_success(client) -> dict:
     return out
 
 
+async def _refused_or(call) -> object:
+    try:
+        return (await call).status
+    except Exception as exc:  # a 4xx: the client raises at once
+        return f"refused: {exc}"
+
+
+async def finished_updates(client) -> dict:
+    """update_rollout / update_attempt of a finished rollout: its own status again is a no-op (the stock flow:
+    the attempt succeeded, then the rollout), another status is taken, and the rollout follows its newest
+    attempt, even when that attempt's status does not change."""
+    ro = await client.enqueue_rollout(input={"case": "finished"})
+    claimed = await _dequeue(client, "w-finished")
+    rid, aid = ro.rollout_id, claimed.attempt.attempt_id
+
+    async def rollout_status() -> str:
+        return (await client.get_rollout_by_id(rid)).status
+
+    out: dict = {"attempt_succeeded": await _refused_or(client.update_attempt(rid, "latest", status="succeeded"))}
+    out["rollout_succeeded_again"] = await _refused_or(client.update_rollout(rid, status="succeeded"))
+    out["rollout_failed"] = await _refused_or(client.update_rollout(rid, status="failed"))
+    out["attempt_succeeded_again"] = [await _refused_or(client.update_attempt(rid, aid, status="succeeded")),
+                                      await rollout_status()]
+    out["attempt_running"] = [await _refused_or(client.update_attempt(rid, "latest", status="running")),
+                              await rollout_status()]
+    out["attempt_failed"] = [await _refused_or(client.update_attempt(rid, aid, status="failed")),
+                             await rollout_status()]
+    out["attempts"] = [a.status for a in await client.query_attempts(rid)]
+    return out
+
+
+async def requeued_dequeued(client) -> dict:
+    """A rollout put back on the queue by update_rollout(status="requeuing"), running or finished, is handed out by
+    the very next dequeue (no waiting: a caller reads its own writes on the queue), with its next attempt."""
+    out: dict = {}
+    for case in ("running", "succeeded"):
+        ro = await client.enqueue_rollout(input={"case": f"requeued {case}"})
+        claimed = await _dequeue(client, "w-requeue")
+        if case == "succeeded":
+            await client.update_attempt(ro.rollout_id, claimed.attempt.attempt_id, status="succeeded")
+        status = await _refused_or(client.update_rollout(ro.rollout_id, status="requeuing"))
+        again = await client.dequeue_rollout(worker_id="w-requeue")
+        out[case] = [status, None if again is None else [again.rollout_id == ro.rollout_id, again.status,
+                                                         again.attempt.sequence_id, again.attempt.status]]
+    return out
+
+
+async def unresponsive_revived(client) -> dict:
+    """A span revives an attempt update_attempt marked unresponsive while its rollout runs: an older attempt
+    under a newer one, and an attempt whose rollout was set running again after it failed."""
+    out: dict = {}
+    ro = await client.enqueue_rollout(input={"case": "older attempt"})
+    first = (await _dequeue(client, "w-revive")).attempt.attempt_id
+    await client.start_attempt(ro.rollout_id, worker_id="w-revive-2")
+    await client.update_attempt(ro.rollout_id, first, status="unresponsive")
+    await client.add_span(_span(ro.rollout_id, first, 1, "a" * 32, "b" * 16, None, "late"))
+    attempts = await client.query_attempts(ro.rollout_id)
+    out["older_attempt"] = [(a.status, a.last_heartbeat_time is not None) for a in attempts]
+    out["older_attempt_rollout"] = (await client.get_rollout_by_id(ro.rollout_id)).status
+
+    ro = await client.enqueue_rollout(input={"case": "set running again"})
+    aid = (await _dequeue(client, "w-revive")).attempt.attempt_id
+    await client.update_attempt(ro.rollout_id, aid, status="unresponsive")
+    out["failed"] = await _attempt_view(client, ro.rollout_id)
+    await client.update_rollout(ro.rollout_id, status="running")
+    out["running_again"] = await _attempt_view(client, ro.rollout_id)
+    await client.add_span(_span(ro.rollout_id, aid, 1, "c" * 32, "d" * 16, None, "late"))
+    out["after_span"] = await _attempt_view(client, ro.rollout_id)
+    return out
+
+
+async def unresponsive_on_its_own(client) -> dict:
+    """An attempt with unresponsive_seconds=0.2 and no retry condition: 0.25 s after its last heartbeat (a span)
+    it is unresponsive and its rollout failed, with nobody calling meanwhile. ``on_time`` is what was read at
+    0.25 s (timing: the test compares it only for the reference, whose check runs at the call); ``settled`` what
+    is read once it changed (or after 30 s)."""
+    from agentlightning.types import RolloutConfig
+
+    ro = await client.enqueue_rollout(input={"case": "unresponsive timer"},
+                                      config=RolloutConfig(unresponsive_seconds=0.2))
+    aid = (await _dequeue(client, "w-timer")).attempt.attempt_id
+    await client.add_span(_span(ro.rollout_id, aid, 1, "e" * 32, "f" * 16, None, "one"))
+    beat = (await client.get_latest_attempt(ro.rollout_id)).last_heartbeat_time or time.time()
+    await asyncio.sleep(max(0.0, beat + 0.25 - time.time()))
+    out: dict = {"on_time": await _attempt_view(client, ro.rollout_id)}
+    settled, give_up = out["on_time"], time.time() + 30
+    while settled["attempt"] == "running" and time.time() < give_up:
+        await asyncio.sleep(0.05)
+        settled = await _attempt_view(client, ro.rollout_id)
+    out["settled"] = settled
+    return out
+
+
 async def span_ids_and_zero(client) -> dict:
     """Trace and span ids that are any string, and a span with sequence id 0."""
     ro = await client.start_rollout(input={"case": "ids"}, worker_id="w-ids")
@@ -180,6 +275,10 @@ async def run(url: str) -> dict:
         out["fifo"] = await fifo(client)  # first: the queue starts empty
         out["spans_beat"] = await spans_beat(client)
         out["attempt_after_success"] = await attempt_after_success(client)
+        out["finished_updates"] = await finished_updates(client)
+        out["requeued_dequeued"] = await requeued_dequeued(client)
+        out["unresponsive_revived"] = await unresponsive_revived(client)
+        out["unresponsive_on_its_own"] = await unresponsive_on_its_own(client)
         out["span_ids_and_zero"] = await span_ids_and_zero(client)
         out["worker_stats"] = await worker_stats_kept(client)
         out["differences"] = await differences(client)
@@ -194,7 +293,8 @@ async def main(target: str) -> dict:
     from agentlightning.store.client_server import LightningStoreServer
     from agentlightning.store.memory import InMemoryLightningStore
 
-    server = LightningStoreServer(InMemoryLightningStore(), host="127.0.0.1", port=_free_port(), launch_mode="thread")
+    server = LightningStoreServer(InMemoryLightningStore(scan_debounce_seconds=0), host="127.0.0.1", port=_free_port(),
+                                  launch_mode="thread")
     await server.start()
     try:
         return await run(server.endpoint)
