@@ -137,6 +137,28 @@ def test_forced_choices_build_the_grammar_of_the_templates_form() -> None:
     assert plan(ASK, tools=TOOLS).grammar(HERMES) is None  # auto: not constrained
 
 
+def test_constrained_calls_share_a_batch_only_with_calls_of_the_same_grammar() -> None:
+    backend = torch_backend(tiny_tools_engine(), "tiny", batch_window_s=0.05)
+    named = plan(ASK, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add"}})
+    grammar = named.grammar(GENERIC)
+    assert len({Sampling(9, grammar=g).batch_key for g in (None, grammar, plan(ASK, tools=TOOLS, tool_choice="required")
+                                                            .grammar(GENERIC), grammar)}) == 3
+    prompt = backend.tool_chat_prompt(named.turns, named.definitions())
+
+    async def three() -> list[Any]:
+        return list(await asyncio.gather(backend.generate(prompt, 1, Sampling(4)),
+                                         *(backend.generate(prompt, 1, Sampling(90, grammar=grammar))
+                                           for _ in range(2))))
+
+    free, *forced = asyncio.run(three())
+    assert sorted(backend.batch_sizes) == [1, 2] and len(free.generations[0].token_ids) <= 4
+    for answer in forced:
+        [call] = answer_tools(named, GENERIC, [answer.generations[0].text], constrained=True).calls(0)
+        assert call.name == "add"
+        jsonschema.validate(json.loads(call.arguments), ADD)
+    backend.close()
+
+
 # --- templates -------------------------------------------------------------------------------------------------
 
 OWN_TEMPLATE = (  # a chat template that takes tools and writes calls in the Hermes form (written for this test)
@@ -228,17 +250,17 @@ def test_forced_calls_of_the_random_policy_are_valid_streamed_or_not(settings: S
     named = {"type": "function", "function": {"name": "get_weather"}}
     with ServerThread(settings, torch_backend(tiny_tools_engine(), "tiny-policy")) as server:
         c = client(server)
-        one = c.chat.completions.create(model="tiny-policy", messages=ASK, tools=TOOLS, tool_choice=named, n=3,
+        one = c.chat.completions.create(model="tiny-policy", messages=ASK, tools=TOOLS, tool_choice=named, n=2,
                                         max_tokens=300, logprobs=True, extra_body={"return_token_ids": True})
         some = c.chat.completions.create(model="tiny-policy", messages=ASK, tools=TOOLS, tool_choice="required",
-                                         n=3, max_tokens=600)
+                                         n=2, max_tokens=400)
         single = c.chat.completions.create(model="tiny-policy", messages=ASK, tools=TOOLS, tool_choice="required",
                                            parallel_tool_calls=False, n=2, max_tokens=300)
         asked: Any = {"model": "tiny-policy", "messages": ASK, "tools": TOOLS, "tool_choice": "required",
                       "max_tokens": 600, "seed": 11, "logprobs": True, "extra_body": {"return_token_ids": True}}
         whole = c.chat.completions.create(**asked)
         chunks = list(c.chat.completions.create(**asked, stream=True))
-        recorded = call_spans(settings, 10)
+        recorded = call_spans(settings, 8)
     for choice in one.choices:
         assert choice.finish_reason == "tool_calls" and choice.message.content is None
         [(name, _)] = valid_calls(choice.message.tool_calls)
