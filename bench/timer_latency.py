@@ -6,7 +6,7 @@ fall at every phase of the processor's 100 ms timer tick), then left alone. For 
 start_time (from the claim) + 1 s; two moments are taken from the snapshot that carries the `timeout`:
 
 * fired: its ``updated_ns``, the timestamp of the AttemptStatusChanged the processor's timer wrote to the log
-  (the processor's clock; its timers tick every 100 ms);
+  (the processor's clock; each deadline wakes its timers, a 100 ms sweep behind them);
 * visible: when the store's replica of the fold (its read model, folding rollout-events) applied that event, i.e.
   when a get_rollout_by_id/query_rollouts here would return it.
 
@@ -46,7 +46,7 @@ class Sizes:
     agl_debounces: tuple[float, ...]
 
 
-TICK_S = 0.1  # the lifecycle processor's timer resolution (streams/lifecycle.py)
+TICK_S = 0.1  # the lifecycle processor's timer sweep (streams/lifecycle.py; a deadline also wakes it)
 
 FULL = Sizes(m=50, timeout_s=1.0, poll_s=0.05, agl_debounces=(10.0, 0.0))
 QUICK = Sizes(m=10, timeout_s=1.0, poll_s=0.05, agl_debounces=(10.0, 0.0))
@@ -147,7 +147,7 @@ def run(ctx: Context) -> Report:
     visible = [s.visible - s.deadline for s in seen.values()]
     rows: list[tuple[Row, dict[str, float] | None]] = [
         latency_row("litstream timeout fired (processor)", fired,
-                    "the timer's event timestamp; timers tick every 100 ms; no calls needed"),
+                    "the timer's event timestamp; each deadline wakes the timers; no calls needed"),
         latency_row("litstream timeout visible (LitStore view)", visible,
                     "the snapshot's arrival in this process: fired + the trip through the log"),
     ]

@@ -216,8 +216,8 @@ def test_an_offer_that_cannot_be_read_is_dead_lettered_and_the_next_one_is_run(s
 
 @pytest.mark.usefixtures("processor_running")
 def test_a_runners_replica_keeps_few_finished_rollouts(settings: Settings) -> None:
-    """A runner's replica answers claims only, and a finished rollout is never on offer again: it keeps the
-    newest ``keep_finished`` of them, and every rollout still in play. "Newest" is the replica's fold order;
+    """A runner's replica answers claims only: it keeps the newest ``keep_finished`` finished rollouts (one an
+    update reopens later is recalled: tests/test_rollout_replica.py), and every rollout still in play. "Newest" is the replica's fold order;
     across partitions only the replica's own order is defined, so each rollout is folded before the next one."""
 
     async def scenario() -> None:
