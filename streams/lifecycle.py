@@ -317,7 +317,7 @@ class LifecycleProcessor:
         self._remember(rid, state)
 
     def _remember(self, rid: str, state: RolloutState) -> None:
-        if state.status in FINISHED:  # final: no event changes it, and a late one is rare enough to read the table
+        if state.status in FINISHED:  # mostly no event comes any more; one that reopens it is rare: read the table
             self._states.pop(rid, None)
             return
         self._states[rid] = state
@@ -387,7 +387,12 @@ class LifecycleProcessor:
         self._wake, self._wake_at = None, math.inf
         task = asyncio.ensure_future(self._tick())
         self._woken_tasks.add(task)  # held until done: the loop keeps only a weak reference to a task
-        task.add_done_callback(self._woken_tasks.discard)
+        task.add_done_callback(self._tick_done)
+
+    def _tick_done(self, task: asyncio.Task[None]) -> None:
+        self._woken_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # the sweep tries again at its next tick
+            log.error("timers failed at a deadline", exc_info=task.exception())
 
     async def _tick(self) -> None:
         """Fire the due timers (every TICK_S, and at each deadline: ``_wake_by``), then wake at the next one."""
