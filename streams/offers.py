@@ -257,10 +257,11 @@ class OfferReader:
 
     def _drop_stale(self, offers: list[tuple[RolloutOffered, tuple[int, int]]]
                     ) -> list[tuple[RolloutOffered, tuple[int, int]]]:
-        """The offers whose claim could still win, as this store's replica knows the rollout: one it shows already
-        claimed (by a runner, or through the other offer of a rollout enqueued here) or finished is handled without
-        a claim. The replica may lag the offer (a retry offered before the replica folds the failure behind it):
-        that offer is claimed, and the claim, appended after the failure, is folded after it."""
+        """The offers whose claim could still win, as this store's replica knows the rollout: one whose attempt it
+        shows already claimed (by a runner, or through the other offer of a rollout enqueued or requeued here) is
+        handled without a claim. The replica may lag the offer (a retry offered before the replica folds the
+        failure behind it, a finished rollout an update put back on the queue): that offer is claimed, and the
+        claim, appended after the requeue, is folded after it."""
         fresh: list[tuple[RolloutOffered, tuple[int, int]]] = []
         stale: list[tuple[RolloutOffered, tuple[int, int]]] = []
         for offer, where in offers:
