@@ -35,7 +35,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, NamedTuple
 
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
 from litstream.infra.kafka import PartitionEnds, consumer
 from litstream.infra.settings import Settings
@@ -168,7 +168,8 @@ class RolloutReplica(TopicFollower):
         if out.accepted:
             for listener in self._on_fold:
                 listener(done)
-            if out.offer is not None and out.state is not None and event.meta.event_id in self._waiters:
+            if (out.offer is not None and out.state is not None and event.meta.event_id in self._waiters
+                    and not isinstance(event, RolloutEnqueued)):  # an enqueue's writer tells of it itself
                 for tell in self._on_own_offer:
                     tell(event, out.state, out.offer.attempt_sequence, partition)
         self._answer(event, done)
@@ -193,13 +194,28 @@ class RolloutReplica(TopicFollower):
         of the partition, on the thread that folds."""
         if rollout_id in self._absent:
             return None
+        try:
+            state = self._fold_partition(rollout_id, partition, offset)
+        except (KafkaException, TimeoutError) as exc:  # the broker away: folded as an event of an unknown rollout
+            log.warning("could not read %s[%d] again for rollout %s: %s", self.topic, partition, rollout_id, exc)
+            return None
+        if state is None:
+            self._absent[rollout_id] = None
+            while len(self._absent) > ABSENT_IDS:
+                self._absent.popitem(last=False)
+        return state
+
+    def _fold_partition(self, rollout_id: str, partition: int, offset: int) -> RolloutState | None:
+        """The fold of ``rollout_id``'s records in ``partition`` before ``offset``."""
         key = rollout_id.encode()
         reader = consumer(self._settings, group_id=f"recall-{rollout_id}", **{"enable.partition.eof": True})
         state: RolloutState | None = None
         try:
             reader.assign([TopicPartition(self.topic, partition, OFFSET_BEGINNING)])
             ends, give_up = PartitionEnds(), time.monotonic() + RECALL_WAIT_S
-            while partition not in ends.at_end and time.monotonic() < give_up:
+            while partition not in ends.at_end:
+                if time.monotonic() > give_up:
+                    raise TimeoutError(f"not read to offset {offset} in {RECALL_WAIT_S:.0f}s")
                 msg = reader.poll(0.5)
                 if msg is None or not ends.record(msg):
                     continue
@@ -210,10 +226,6 @@ class RolloutReplica(TopicFollower):
                     state = fold.apply(state, event).state or state
         finally:
             reader.close()
-        if state is None:
-            self._absent[rollout_id] = None
-            while len(self._absent) > ABSENT_IDS:
-                self._absent.popitem(last=False)
         return state
 
     def _answer(self, event: Event, done: Folded) -> None:
