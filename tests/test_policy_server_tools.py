@@ -231,7 +231,8 @@ def test_the_next_prompt_starts_with_the_previous_prompt_and_response() -> None:
     (the tiny policy) writes each text one way, so the next prompt holds the previous prompt and response, all but
     the final end-of-sequence token, which no plain-template turn contains. SmolLM2's template closes a turn with
     <|im_end|>, while the model's end-of-sequence token is <|im_start|> (its GGUF's): the same, when the call was
-    sampled in the tokenizer's own split of the text (a grammar may allow others)."""
+    sampled in the tokenizer's own split of the text (here it is; a grammar allows others, and SmolLM2 itself
+    samples another: test_smollm2s_sampled_call_and_the_next_prompt)."""
     tiny = torch_backend(tiny_tools_engine(), "tiny")
     response = tiny.tokenizer.encode(GENERIC.write([CALL]), add_bos=False) + [tiny.tokenizer.eos_id]
     assert _next_prompt_extends(tiny, response) == (False, True)
@@ -241,6 +242,31 @@ def test_the_next_prompt_starts_with_the_previous_prompt_and_response() -> None:
     backend = EngineBackend(tiny.engine, smol, "smollm2")
     response = smol.encode(GENERIC.write([CALL]), add_bos=False) + [smol.eos_id]
     assert _next_prompt_extends(backend, response) == (False, True)
+
+
+@pytest.mark.slow(enabled_by="LITSTREAM_SMOLLM2_TOOLS")
+def test_smollm2s_sampled_call_and_the_next_prompt() -> None:
+    """SmolLM2 itself, forced to call (greedy, one call): the next prompt holds the call's text, but holds its
+    sampled tokens only when they are the tokenizer's own split of that text. Measured: greedy SmolLM2 ends the
+    arguments with '"}' '}' where the tokenizer writes '"' '}}', so the re-rendered history is other tokens."""
+    from litstream.trainer.policy import load_smollm2
+
+    policy = load_smollm2()
+    backend = torch_backend(TorchEngine(policy.model, policy.tokenizer, 0), "smollm2")
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    forced = plan(ask, tools=tools, tool_choice="required", parallel_tool_calls=False)
+    prompt = backend.tool_chat_prompt(forced.turns, forced.definitions())
+    [gen] = asyncio.run(backend.generate(prompt, 1, Sampling(80, 0.0, grammar=forced.grammar(GENERIC)))).generations
+    [call] = answer_tools(forced, GENERIC, [gen.text], constrained=True).calls(0)
+    after = plan([*ask, {"role": "assistant", "content": None, "tool_calls": [call.openai()]},
+                  {"role": "tool", "tool_call_id": call.id, "content": "18 C"}], tools=tools)
+    nxt = backend.tool_chat_prompt(after.turns, after.definitions())
+    assert gen.finish_reason == "stop" and nxt[: len(prompt)] == prompt
+    assert backend.decode(nxt[len(prompt):]).startswith(gen.text)  # the text: always
+    own_split = policy.tokenizer.encode(gen.text, add_bos=False) == gen.token_ids[:-1]
+    assert (nxt[: len(prompt) + len(gen.token_ids) - 1] == prompt + gen.token_ids[:-1]) == own_split
 
 
 # --- the endpoint ----------------------------------------------------------------------------------------------
