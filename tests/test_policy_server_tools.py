@@ -286,7 +286,9 @@ def test_forced_calls_of_the_random_policy_are_valid_streamed_or_not(settings: S
                       "max_tokens": 600, "seed": 11, "logprobs": True, "extra_body": {"return_token_ids": True}}
         whole = c.chat.completions.create(**asked)
         chunks = list(c.chat.completions.create(**asked, stream=True))
-        recorded = call_spans(settings, 8)
+        short = c.chat.completions.create(model="tiny-policy", messages=ASK, tools=TOOLS, tool_choice=named,
+                                          max_tokens=20)
+        recorded = call_spans(settings, 9)
     for choice in one.choices:
         assert choice.finish_reason == "tool_calls" and choice.message.content is None
         [(name, _)] = valid_calls(choice.message.tool_calls)
@@ -295,6 +297,10 @@ def test_forced_calls_of_the_random_policy_are_valid_streamed_or_not(settings: S
         assert choice.finish_reason == "tool_calls" and len(valid_calls(choice.message.tool_calls)) >= 1
     assert all(len(valid_calls(ch.message.tool_calls)) == 1 for ch in single.choices)
     _stream_agrees(whole, chunks)
+    # cut by max_tokens before the call is whole: the text as content, counted, not an error
+    assert short.choices[0].finish_reason == "length" and not short.choices[0].message.tool_calls
+    assert str(short.choices[0].message.content).startswith("<tool_call>\n{")
+    assert recorded[short.id]["litstream.tool_calls.malformed"] == 1
 
     span = recorded[f"{one.id}.0"]
     choice = one.choices[0]
