@@ -8,7 +8,9 @@
 * the same completion under an attempt's path, with the lifecycle processor running: each call's sequence id is
   reserved through the rollout's partition while the policy samples (the reservation's round trip is shown);
 * tokens/s with 1 and 16 concurrent clients (sampling at temperature 1), and for 16 clients once more with a
-  5 ms batching window; the engine's own rate for one sequence and for a batch of 16 as the ceiling.
+  5 ms batching window; the engine's own rate for one sequence and for a batch of 16 as the ceiling;
+* the engine's rate for a forced tool call (``generate(grammar=...)``: constrained decoding through llguidance)
+  beside plain sampling of the same prompt for the same number of steps, batch of 1 and of 16.
 
 Calls other than the per-attempt ones go to plain ``/v1`` (recorded with no rollout).
 """
@@ -28,6 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from litstream.infra.settings import Settings
+from litstream.trainer.constrained import ToolCallGrammar
 from litstream.trainer.engines import TorchEngine
 from litstream.trainer.policy import build_policy
 from litstream.workers.policy_server.backends import EngineBackend, torch_backend
@@ -250,6 +253,49 @@ def _throughput(sizes: Sizes, engine: TorchEngine, backend: EngineBackend, port:
     return rows
 
 
+# A forced call (tool_choice "required" or the function's name) of one tool, Hermes-framed. The strings are bounded:
+# a random policy would otherwise rarely close one.
+FORCED_CALL = ToolCallGrammar(
+    tools=(("get_weather", json.dumps({
+        "type": "object", "additionalProperties": False, "required": ["city", "unit"],
+        "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["celsius", "fahrenheit"]},
+                       "days": {"type": "integer", "minimum": 1, "maximum": 7}}})),),
+    begin="<tool_call>\n", end="\n</tool_call>")
+
+
+def _timed_generate(engine: TorchEngine, prompts: list[list[int]], max_tokens: int, seed: int,
+                    grammar: ToolCallGrammar | None) -> tuple[float, float, int, int]:
+    """(wall seconds, CPU seconds, tokens sampled, steps) of one generate at temperature 1."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    gens = engine.generate(prompts, max_tokens, temperature=1.0, seed=seed, grammar=grammar)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return wall, cpu, sum(len(g.token_ids) for g in gens), max(len(g.token_ids) for g in gens)
+
+
+def forced_call_rows(engine: TorchEngine, prompt: list[int], repeats: int = 3) -> list[Row]:
+    """The engine's tokens/s for a forced tool call against plain sampling of the same prompt, each plain run as
+    many steps as the forced run before it (a batch's sequences end their calls at different steps: the steps/s
+    ratio is the mask's own cost, the tokens/s ratio also counts the finished sequences' idle slots)."""
+    rows = []
+    for batch in (1, 16):
+        prompts = [prompt] * batch
+        engine.generate(prompts[:1], 4, grammar=FORCED_CALL)  # compiled once, outside the timing
+        forced, plain = [], []
+        for i in range(repeats):
+            forced.append(_timed_generate(engine, prompts, 256, i, FORCED_CALL))
+            plain.append(_timed_generate(engine, prompts, forced[-1][3], i, None))
+        plain_rate = sum(r[2] for r in plain) / sum(r[0] for r in plain)
+        forced_rate = sum(r[2] for r in forced) / sum(r[0] for r in forced)
+        step_ratio = (sum(r[3] for r in forced) / sum(r[1] for r in forced)) / \
+            (sum(r[3] for r in plain) / sum(r[1] for r in plain))
+        rows.append(Row(f"engine alone, batch of {batch}, plain (as many steps as the forced call)", plain_rate,
+                        None, sum(r[2] for r in plain), f"tokens/s over {repeats} runs", [r[0] for r in plain]))
+        rows.append(Row(f"engine alone, batch of {batch}, forced tool call (constrained)", forced_rate, None,
+                        sum(r[2] for r in forced), f"tokens/s over {repeats} runs, {forced_rate / plain_rate:.0%} "
+                        f"of plain; steps per CPU-second {step_ratio:.0%} of plain's", [r[0] for r in forced]))
+    return rows
+
+
 def run(ctx: Context) -> Report:
     sizes = QUICK if ctx.quick else FULL
     load_before = os.getloadavg()[0]
@@ -272,6 +318,8 @@ def run(ctx: Context) -> Report:
             overhead.update(attempt_figures)
             ctx.step("throughput: 1 and 16 clients")
             rows += _throughput(sizes, engine, backend, server.running.port, prompt)
+            ctx.step("a forced tool call against plain sampling, batch of 1 and 16")
+            rows += forced_call_rows(engine, prompt, 1 if ctx.quick else 3)
         finally:
             server.stop()
     return Report(rows, {**asdict(sizes), **overhead, "model": "tiny (Llama, ~0.5M parameters, byte tokenizer)",

@@ -172,10 +172,10 @@ def compile_tool_call_grammar(tokenizer: Tokenizer, grammar: ToolCallGrammar,
     text = llguidance.grammar_from("lark", tool_call_lark(grammar))
     error = llguidance.LLMatcher.validate_grammar(text, ll_tok)
     if error:
-        raise ValueError(f"tool call grammar rejected: {error}")
+        raise ValueError(_rejection(grammar, error))
     matcher = llguidance.LLMatcher(ll_tok, text, log_level=0)
     if matcher.is_error():
-        raise ValueError(f"tool call grammar rejected: {matcher.get_error()}")
+        raise ValueError(_rejection(grammar, matcher.get_error()))
     compiled = CompiledToolCallGrammar(grammar, vocab, tokenizer.eos_id, matcher, time.perf_counter() - t0)
     with _lock:
         per_tok[key] = compiled
@@ -184,19 +184,56 @@ def compile_tool_call_grammar(tokenizer: Tokenizer, grammar: ToolCallGrammar,
     return compiled
 
 
+def _rejection(grammar: ToolCallGrammar, error: str) -> str:
+    """Why llguidance refused ``grammar``, naming the first tool whose schema it refuses on its own."""
+    import llguidance
+
+    for name, schema in grammar.tools:
+        own = llguidance.LLMatcher.grammar_from_json_schema(_arguments_schema(name, schema))
+        alone = llguidance.LLMatcher.validate_grammar(own)
+        if alone:
+            return f"tool {name!r}: its parameters' schema cannot be enforced: {alone.splitlines()[0]}"
+    return f"the tool call grammar cannot be enforced: {error.splitlines()[0]}"
+
+
 def _ll_tokenizer(tokenizer: Tokenizer, vocab: int) -> Any:
     """llguidance's view of ``tokenizer`` (building it reads the whole vocabulary: ~1 s for 49k tokens), kept
     while the tokenizer lives. Called under ``_lock``."""
-    import llguidance.hf
+    import llguidance
 
     per_vocab = _ll_tokenizers.setdefault(tokenizer, {})
     if vocab not in per_vocab:
         to_hf = getattr(tokenizer, "to_hf", None)
         hf = to_hf() if callable(to_hf) else getattr(tokenizer, "tok", None)
-        if hf is None:
-            raise ValueError(f"constrained decoding needs a Hugging Face fast tokenizer, not {type(tokenizer)}")
-        per_vocab[vocab] = llguidance.hf.from_tokenizer(hf, n_vocab=vocab, eos_token=tokenizer.eos_id)
+        backend = getattr(hf, "backend_tokenizer", None)
+        if backend is None:
+            raise ValueError(f"constrained decoding needs a Hugging Face fast tokenizer, not {type(hf)}")
+        per_vocab[vocab] = llguidance.LLTokenizer(byte_level_decoding(backend.to_str()), n_vocab=vocab,
+                                                  eos_token=tokenizer.eos_id)
     return per_vocab[vocab]
+
+
+def byte_level_decoding(tokenizer_json: str) -> str:
+    """A ``tokenizer.json`` whose decoder says what its pre-tokenizer did to the bytes. A byte-level BPE (GPT-2's
+    scheme: each byte a printable stand-in, "Ċ" for a newline) converted from GGUF, as SmolLM2's is, comes with a
+    SentencePiece-style decoder sequence (ByteFallback, Fuse, Replace, ByteLevel) that Hugging Face decodes right
+    but llguidance reads as text in its own right: it would take "Ċ" for those two characters, not a newline, and
+    reject the tokens its own masks allowed. Such a tokenizer gets the plain ByteLevel decoder; any other is
+    returned unchanged. Padding and truncation are dropped (llguidance tokenizes whole texts)."""
+    spec = json.loads(tokenizer_json)
+    spec["padding"] = spec["truncation"] = None
+
+    def kinds(part: dict[str, Any] | None, key: str) -> list[str]:
+        if not part:
+            return []
+        return [part["type"]] + [k for sub in part.get(key) or [] for k in kinds(sub, key)]
+
+    pre = kinds(spec.get("pre_tokenizer"), "pretokenizers")
+    dec = kinds(spec.get("decoder"), "decoders")
+    if "ByteLevel" in pre and dec != ["ByteLevel"]:
+        spec["decoder"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                           "use_regex": False}
+    return json.dumps(spec)
 
 
 # --- masks -----------------------------------------------------------------------------------------------------

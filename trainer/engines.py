@@ -33,7 +33,13 @@ import torch.nn.functional as F
 from litstream.infra.processes import stop_process
 
 from .checkpoint import load_checkpoint, load_weights_into
-from .constrained import TokenConstraint, ToolCallGrammar, allowed_tokens, compile_tool_call_grammar
+from .constrained import (
+    TokenConstraint,
+    ToolCallGrammar,
+    allowed_tokens,
+    compile_tool_call_grammar,
+    tool_call_lark,
+)
 from .policy import takes_logits_to_keep
 from .tokenizer import Tokenizer
 
@@ -225,6 +231,11 @@ class VllmEngine:
     ``pause_mode`` is what a swap does to generations in flight: ``"wait"`` (default) lets them finish on the old
     weights, so every response comes from one version; ``"abort"`` cuts them short (finish_reason ``"abort"``);
     ``"keep"`` freezes them and continues them on the new weights (responses that mix two versions).
+
+    A forced tool call (``generate(grammar=...)``) is constrained by the server (``completion_body``). vLLM masks
+    the logits with the grammar before its sampler computes log-probs (in either logprobs mode), so the log-probs
+    of a constrained response are those of the masked, renormalised distribution, not the policy's as
+    TorchEngine reports them: where the learner needs the policy's, rescore such responses.
     """
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None, version: int = 0,
@@ -268,30 +279,22 @@ class VllmEngine:
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, seed: int | None = None,
                  grammar: ToolCallGrammar | None = None) -> list[Generation]:
-        if grammar is not None:
-            raise NotImplementedError("constrained decoding is not wired into VllmEngine yet")
+        """With ``grammar``, each request carries it as vLLM's structured output (``completion_body``)."""
         if not prompts:
             return []
+        lark = tool_call_lark(grammar) if grammar is not None else None  # a bad grammar fails here, not remotely
         if seed is None:  # one batched request
-            return self._complete([list(p) for p in prompts], max_new_tokens, temperature, top_p, None)
+            return self._complete([list(p) for p in prompts], max_new_tokens, temperature, top_p, None, lark)
         # A request's seed applies to every prompt in it, so identical prompts (a GRPO group) would sample
         # identical responses: one request per prompt, seeds seed, seed + 1, ...
         with ThreadPoolExecutor(max_workers=min(self.max_parallel, len(prompts))) as pool:
-            futs = [pool.submit(self._complete, [list(p)], max_new_tokens, temperature, top_p, seed + i)
+            futs = [pool.submit(self._complete, [list(p)], max_new_tokens, temperature, top_p, seed + i, lark)
                     for i, p in enumerate(prompts)]
             return [f.result()[0] for f in futs]
 
     def _complete(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                  seed: int | None) -> list[Generation]:
-        # logprobs 0: only the sampled token's log-prob. return_token_ids (vLLM >= 0.10.2) puts the ids in
-        # choice["token_ids"]; return_tokens_as_token_ids makes older servers spell them "token_id:N".
-        body: dict[str, Any] = {
-            "model": self.model, "prompt": prompts, "max_tokens": max_new_tokens, "temperature": temperature,
-            "top_p": top_p, "logprobs": 0, "return_tokens_as_token_ids": True, "return_token_ids": True,
-            "skip_special_tokens": False,
-        }
-        if seed is not None:
-            body["seed"] = seed
+                  seed: int | None, lark: str | None = None) -> list[Generation]:
+        body = completion_body(self.model, prompts, max_new_tokens, temperature, top_p, seed, lark)
         resp = self._post("/v1/completions", body)
         out: list[Generation | None] = [None] * len(prompts)
         for choice in resp["choices"]:
@@ -329,6 +332,28 @@ class VllmEngine:
 
     def close(self) -> None:
         pass
+
+
+def completion_body(model: str, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
+                    seed: int | None = None, grammar: ToolCallGrammar | str | None = None) -> dict[str, Any]:
+    """The JSON body of vLLM's ``POST /v1/completions`` for token-id prompts. ``logprobs`` 0: only the sampled
+    token's log-prob; ``return_token_ids`` (vLLM >= 0.10.2) puts the ids in ``choice["token_ids"]``,
+    ``return_tokens_as_token_ids`` makes older servers spell them ``token_id:N``. With ``grammar`` (a
+    ``ToolCallGrammar``, or its ``tool_call_lark`` text), every sequence is constrained to it through
+    ``structured_outputs.grammar``: Lark in llguidance's dialect, which the server's guidance backend compiles
+    (``vllm_server_command`` selects that backend; vLLM's default, auto, would hand the text to xgrammar, which
+    parses it but leaves the JSON's whitespace free)."""
+    body: dict[str, Any] = {
+        "model": model, "prompt": prompts, "max_tokens": max_new_tokens, "temperature": temperature,
+        "top_p": top_p, "logprobs": 0, "return_tokens_as_token_ids": True, "return_token_ids": True,
+        "skip_special_tokens": False,
+    }
+    if seed is not None:
+        body["seed"] = seed
+    if grammar is not None:
+        body["structured_outputs"] = {
+            "grammar": grammar if isinstance(grammar, str) else tool_call_lark(grammar)}
+    return body
 
 
 def _is_local(url: str) -> bool:
@@ -382,11 +407,14 @@ def vllm_server_command(model_dir: str | Path, port: int, served_name: str, pyth
     script (which fails on the CPU build); float32 and eager mode (no compile step) on CPU; ``--generation-config
     vllm`` so a ``generation_config.json`` in the checkpoint does not change sampling defaults behind the
     requests' back; ``--logprobs-mode processed_logprobs`` (vLLM >= 0.10.1) so that the reported log-probs are at
-    the sampling temperature, as TorchEngine's."""
+    the sampling temperature, as TorchEngine's; the guidance (llguidance) structured-output backend, which takes
+    the forced tool calls' grammars as TorchEngine compiles them."""
     cmd = [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
            "--dtype", "float32", "--enforce-eager", "--generation-config", "vllm",
-           "--logprobs-mode", "processed_logprobs"]  # log-probs at the sampling temperature, as the learner's
+           "--logprobs-mode", "processed_logprobs",  # log-probs at the sampling temperature, as the learner's
+           # Forced tool calls (completion_body's grammar) are llguidance Lark grammars.
+           "--structured-outputs-config.backend", "guidance"]
     if max_model_len is not None:
         cmd += ["--max-model-len", str(max_model_len)]
     return cmd + list(extra_args)
