@@ -179,7 +179,8 @@ def test_lark_text_of_a_grammar() -> None:
         'call: "<tool_call>\\n" body "\\n</tool_call>"\n'
         "body: body0\n"
         'body0: "{\\"name\\": \\"now\\", \\"arguments\\": " args0 "}"\n'
-        'args0: %json {"properties": {}, "type": "object", "x-guidance": {"whitespace_flexible": false, '
+        'args0: %json {"properties": {}, "additionalProperties": false, "type": "object", "x-guidance": '
+        '{"whitespace_flexible": false, '
         '"item_separator": ", ", "key_separator": ": "}}\n')
     # vLLM's guidance backend reads a `grammar` as Lark or GBNF, whichever it is: this text must stay Lark.
     assert llguidance.grammar_from("grammar", tool_call_lark(g)) == llguidance.grammar_from("lark", tool_call_lark(g))
@@ -219,3 +220,21 @@ def test_schema_the_library_cannot_enforce_names_the_tool(tiny: TorchEngine) -> 
                           begin="", end="")
     with pytest.raises(ValueError, match="tool 'tag'.*not"):
         tiny.generate([[1]], 8, grammar=bad)
+
+
+def test_an_open_schema_is_closed_so_a_forced_call_ends(tiny: TorchEngine) -> None:
+    """LangChain's and MCP's schemas say nothing of other properties; a forced call adds none and ends."""
+    from litstream.trainer.constrained import closed
+
+    open_schema = {"type": "object", "required": ["city"], "properties": {
+        "city": {"type": "string", "maxLength": 8},
+        "when": {"type": "object", "properties": {"day": {"type": "integer", "minimum": 1, "maximum": 7}}}}}
+    shut = closed(open_schema)
+    assert shut["additionalProperties"] is False and shut["properties"]["when"]["additionalProperties"] is False
+    assert "additionalProperties" not in open_schema  # the tool's own schema is left as it was
+    g = ToolCallGrammar(tools=(("weather", json.dumps(open_schema)),), **HERMES)
+    for x in tiny.generate([tiny.tokenizer.encode("go")] * 4, 300, temperature=1.0, seed=7, grammar=g):
+        assert x.finish_reason == "stop"
+        body = json.loads(x.text.removeprefix(HERMES["begin"]).removesuffix(HERMES["end"]))
+        jsonschema.validate(body["arguments"], open_schema)
+        assert set(body["arguments"]) <= {"city", "when"}

@@ -87,7 +87,30 @@ def _arguments_schema(name: str, schema_json: str) -> dict[str, Any]:
     kind = schema.get("type", "object")
     if kind != "object" and not (isinstance(kind, list) and "object" in kind):
         raise ValueError(f"tool {name!r}: its parameters must be an object schema, not type {kind!r}")
-    return {**schema, "type": "object", "x-guidance": CANONICAL_JSON}
+    return {**closed(schema), "type": "object", "x-guidance": CANONICAL_JSON}
+
+
+def closed(schema: Any) -> Any:
+    """``schema`` with every object that names its properties and says nothing of others closed to them
+    (``additionalProperties: false``), at any depth, as vLLM's default grammar backend does (xgrammar's strict
+    mode). JSON Schema leaves such objects open, and a forced call under an open schema may add keys until
+    ``max_tokens`` cuts it (LangChain's and MCP's tool schemas are open by default). A call that validates
+    against the closed schema validates against the original."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: closed(v) if k in _SUBSCHEMAS else v for k, v in schema.items()}
+    for key in ("properties", "patternProperties", "$defs", "definitions"):
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed(sub) for name, sub in out[key].items()}
+    if "properties" in out and "additionalProperties" not in out and "patternProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+_SUBSCHEMAS = frozenset({"items", "prefixItems", "anyOf", "oneOf", "allOf", "not", "if", "then", "else",
+                         "additionalProperties", "contains"})
 
 
 # --- compiling it for a tokenizer ----------------------------------------------------------------------------
