@@ -93,7 +93,7 @@ async def spans_beat(client) -> dict:
 
 
 async def differences(client) -> dict:
-    """Where litstream differs on purpose (docs/api.md): a span on an unresponsive attempt of a failed rollout,
+    """Where litstream differs on purpose (docs/agl-and-otlp.md): a span on an unresponsive attempt of a failed rollout,
     and on a timed-out attempt whose rollout waits for its retry."""
     from agentlightning.types import RolloutConfig
 

@@ -96,7 +96,7 @@ def test_stock_client_cases_match_the_reference(agl: Path, gateway: str) -> None
     rollout; update_rollout and update_attempt of a finished rollout are taken, the rollout following its newest
     attempt; a requeued rollout is dequeued at once; an attempt goes unresponsive on its own; span ids are any
     string and sequence id 0 is stored; a heartbeat without stats keeps them. The same observations on both, but
-    for the two differences docs/api.md gives."""
+    for the two differences docs/agl-and-otlp.md gives."""
     reference_run = _cases(agl, "reference")  # its own server, in its own process: both run at once
     try:
         ours = _observed(_cases(agl, gateway))

@@ -10,7 +10,7 @@ status again is a no-op, another is taken, and the rollout follows its newest at
 ``cancel_rollout`` (``litstream cancel``) is a status event, which keeps terminal states final, as the runners'
 outcomes and the processor's timers do. Differences from the reference, on purpose: a span or sequence id for an
 unknown rollout is an error; span duplicates are recognised within this store's own writes (any others collapse
-in ClickHouse, see docs/api.md, "SQL and the ClickHouse tables").
+in ClickHouse, see docs/sql.md).
 """
 
 from __future__ import annotations
