@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from litstream.app.stack import Stack
 from litstream.infra.broker import KafkaBroker
 from litstream.infra.kafka import create_topics
 from litstream.infra.settings import Settings
+from litstream.streams.span_sink import SpanSink
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Group sessions of 3 s: a test that kills a worker sees its partitions move on sooner than with the default 10 s.
@@ -74,3 +76,15 @@ def pipeline(settings: Settings) -> Iterator[Settings]:
     with Stack(settings) as s:
         s.start_roles(roles.PIPELINE)
         yield settings
+
+
+@pytest.fixture
+def sink(settings: Settings) -> Iterator[SpanSink]:
+    """The span sink running in a thread of the test, on its topics and chDB."""
+    s = SpanSink(settings, batch_size=500, max_wait_s=0.2)
+    thread = threading.Thread(target=s.run, daemon=True)
+    thread.start()
+    yield s
+    s.stop_event.set()
+    thread.join(30)
+    s.close()

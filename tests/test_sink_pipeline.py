@@ -8,7 +8,6 @@ import json
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 
 import pytest
 
@@ -60,17 +59,6 @@ def table_counts(settings: Settings) -> dict[str, int]:
     dsn = settings.resolved_clickhouse_dsn
     return {t: int(clickhouse.query(dsn, f"SELECT count() FROM {t} FINAL").rows[0][0])
             for t in ("spans", "rollout_events", "triplets")}
-
-
-@pytest.fixture
-def sink(settings: Settings) -> Iterator[SpanSink]:
-    s = SpanSink(settings, batch_size=500, max_wait_s=0.2)
-    thread = threading.Thread(target=s.run, daemon=True)
-    thread.start()
-    yield s
-    s.stop_event.set()
-    thread.join(30)
-    s.close()
 
 
 def test_all_three_topics_land_and_garbage_becomes_dead_letters(settings: Settings, sink: SpanSink) -> None:

@@ -4,8 +4,6 @@ the broker, stored by the span sink in chDB, read with the read-only SQL a perso
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,17 +17,6 @@ from tests.waiting import until
 
 TOOLS = json.dumps([{"type": "function", "function": {"name": "get_weather", "description": "The weather",
                                                       "parameters": {"type": "object"}}}])
-
-
-@pytest.fixture
-def sink(settings: Settings) -> Iterator[SpanSink]:
-    s = SpanSink(settings, batch_size=500, max_wait_s=0.2)
-    thread = threading.Thread(target=s.run, daemon=True)
-    thread.start()
-    yield s
-    s.stop_event.set()
-    thread.join(30)
-    s.close()
 
 
 def llm_span(ctx: AttemptContext, calls: list[dict[str, str]] | None = None, malformed: int = 0,
