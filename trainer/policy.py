@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import torch
 
-from .tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+from .tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, align_with_model
 
 # "tiny", "smollm2", or a directory holding a Hugging Face causal LM (config, weights, tokenizer)
 PolicyKind = Literal["tiny", "smollm2"] | str
@@ -66,7 +66,8 @@ def load_causal_lm(path: Path) -> Policy:
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
     untie(model)
     model.eval()
-    return Policy(model=model, tokenizer=HFTokenizer(AutoTokenizer.from_pretrained(str(path))), kind=str(path))
+    tok = align_with_model(AutoTokenizer.from_pretrained(str(path)), model)
+    return Policy(model=model, tokenizer=HFTokenizer(tok), kind=str(path))
 
 
 def _build_tiny(seed: int, **overrides: Any) -> Policy:
@@ -118,6 +119,7 @@ def load_smollm2(cache_dir: str | Path | None = None) -> Policy:
         model = AutoModelForCausalLM.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name,
                                                      dtype=torch.float32)
         untie(model)
+        align_with_model(tok, model)
         tmp = cache.with_name(cache.name + f".tmp{os.getpid()}")
         tmp.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(str(tmp), safe_serialization=True)
@@ -129,7 +131,9 @@ def load_smollm2(cache_dir: str | Path | None = None) -> Policy:
     model = AutoModelForCausalLM.from_pretrained(str(cache), dtype=torch.float32)
     untie(model)
     model.eval()
-    return Policy(model=model, tokenizer=HFTokenizer(AutoTokenizer.from_pretrained(str(cache))), kind="smollm2")
+    # An export made before the alignment was written carries the GGUF tokenizer as converted: aligned on load.
+    tok = align_with_model(AutoTokenizer.from_pretrained(str(cache)), model)
+    return Policy(model=model, tokenizer=HFTokenizer(tok), kind="smollm2")
 
 
 def untie(model: Any) -> None:

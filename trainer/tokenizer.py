@@ -107,6 +107,57 @@ class HFTokenizer:
         _write_info(directory, self.kind)
 
 
+def align_with_model(tok: Any, model: Any) -> Any:
+    """``tok`` (a Hugging Face tokenizer) made to agree with ``model`` where a conversion left them apart, as
+    SmolLM2's GGUF conversion does: end-of-sequence becomes the token the model ends its turns with (its generation
+    config's, where vLLM stops too: ``<|im_end|>``, not ``<|im_start|>``), padding with it where padding was the
+    old end; and a byte-level BPE gets the plain ByteLevel decoder (``byte_level_decoding``), which Hugging Face,
+    llguidance and vLLM all read the same way. Any other tokenizer is returned as it was."""
+    import json
+
+    from tokenizers import decoders
+
+    wanted = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(wanted, list | tuple):
+        wanted = wanted[0] if wanted else None
+    if wanted is not None and tok.eos_token_id != wanted:
+        old = tok.eos_token_id
+        tok.eos_token = tok.convert_ids_to_tokens(int(wanted))
+        if tok.pad_token_id is None or tok.pad_token_id == old:
+            tok.pad_token = tok.eos_token
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is not None:
+        spec = json.loads(byte_level_decoding(backend.to_str()))
+        if spec["decoder"] != json.loads(backend.to_str()).get("decoder"):
+            backend.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    return tok
+
+
+def byte_level_decoding(tokenizer_json: str) -> str:
+    """A ``tokenizer.json`` whose decoder says what its pre-tokenizer did to the bytes. A byte-level BPE (GPT-2's
+    scheme: each byte a printable stand-in, "Ċ" for a newline) converted from GGUF, as SmolLM2's is, comes with a
+    SentencePiece-style decoder sequence (ByteFallback, Fuse, Replace, ByteLevel) that Hugging Face decodes right
+    but llguidance reads as text in its own right: it would take "Ċ" for those two characters, not a newline, and
+    reject the tokens its own masks allowed. Such a tokenizer gets the plain ByteLevel decoder; any other is
+    returned unchanged. Padding and truncation are dropped (llguidance tokenizes whole texts)."""
+    import json
+
+    spec = json.loads(tokenizer_json)
+    spec["padding"] = spec["truncation"] = None
+
+    def kinds(part: dict[str, Any] | None, key: str) -> list[str]:
+        if not part:
+            return []
+        return [part["type"]] + [k for sub in part.get(key) or [] for k in kinds(sub, key)]
+
+    pre = kinds(spec.get("pre_tokenizer"), "pretokenizers")
+    dec = kinds(spec.get("decoder"), "decoders")
+    if "ByteLevel" in pre and dec != ["ByteLevel"]:
+        spec["decoder"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                           "use_regex": False}
+    return json.dumps(spec)
+
+
 def _write_info(directory: str | Path, kind: str) -> None:
     import json
 
