@@ -506,6 +506,9 @@ def process_triplets() -> None:
 @click.option("--vllm-url", default=None, help="A vLLM server (started with VLLM_SERVER_DEV_MODE=1) to hot-swap.")
 @click.option("--watch-kl", is_flag=True,
               help="Measure the KL to the starting policy on each step (one extra forward pass), for drift checks.")
+@click.option("--trajectories/--per-call", default=False, show_default=True,
+              help="Train a multi-turn attempt as one sequence, its turns joined and only the sampled tokens in the "
+                   "loss (where each turn's prompt extends the previous turn's tokens), or each LLM call on its own.")
 @click.option("--restore", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None,
               help="Start from the newest checkpoint's version and positions with this checkpoint's weights, "
                    "published as the next version (a run falling back to its best validated version).")
@@ -515,7 +518,7 @@ def process_trainer(policy: str, checkpoints: Path | None, group_size: int, grou
                     epochs: int, entropy_coef: float, lr_by_signal: bool, entropy_fade: bool,
                     train_top_layers: int | None, temperature: float,
                     max_tokens: int | None, keep_every: int | None, max_steps: int | None, vllm_url: str | None,
-                    watch_kl: bool, restore: Path | None, seed: int) -> None:
+                    watch_kl: bool, trajectories: bool, restore: Path | None, seed: int) -> None:
     """The GRPO trainer: triplets topic -> windows -> update -> checkpoint -> policy-vN on the resources topic."""
     from litstream.trainer.defaults import defaults_for
     from litstream.trainer.grpo import LossConfig
@@ -527,6 +530,7 @@ def process_trainer(policy: str, checkpoints: Path | None, group_size: int, grou
     cfg = TrainerConfig(policy=policy, checkpoint_dir=checkpoints, group_size=group_size,
                         groups_per_step=groups_per_step, max_seconds=window_seconds, max_staleness=max_staleness,
                         max_steps=max_steps, vllm_url=vllm_url, seed=seed, keep_every=keep_every, restore=restore,
+                        trajectories=trajectories,
                         sampling={"temperature": temperature, "max_tokens": tokens},
                         learner=LearnerConfig(lr=lr, epochs=epochs, lr_schedule=lr_schedule, total_steps=max_steps,
                                               entropy_fade=entropy_fade, lr_by_signal=lr_by_signal,

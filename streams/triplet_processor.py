@@ -213,11 +213,13 @@ class TripletProcessor(Work[Incoming]):
                 self._no_triplet(attempt, result, len(on_time))
             else:
                 for index, triplet in enumerate(result.usable):
-                    self.events.send(self.topics.triplets, self._triplet(attempt, index, triplet))
+                    self.events.send(self.topics.triplets, self._triplet(attempt, index, triplet,
+                                                                         len(result.usable)))
                 self.stats["triplets"] += len(result.usable)
         self.collector.finalized(attempt)
 
-    def _triplet(self, attempt: Attempt, index: int, t: Triplet) -> TripletEmitted:
+    def _triplet(self, attempt: Attempt, index: int, t: Triplet, calls: int) -> TripletEmitted:
+        """The ``index``-th of the attempt's ``calls`` usable triplets (a trainer joining turns waits for all)."""
         snap = attempt.snapshot
         resources_id = t.resources_id or (snap.resources_id if snap is not None else None)
         generated_by = t.metadata.get("policy_version")
@@ -225,7 +227,7 @@ class TripletProcessor(Work[Incoming]):
         status = next((a.status for a in snap.attempts if a.attempt_id == attempt.attempt_id), None) if snap else None
         metadata: dict[str, Any] = {**t.metadata, "span_id": t.span_id, "sequence_id": t.sequence_id,
                                     "attempt_status": status, "prompt_messages": t.prompt_raw,
-                                    "response_messages": t.response_raw}
+                                    "response_messages": t.response_raw, "calls": calls}
         if t.image_urls:
             metadata["image_urls"] = t.image_urls
         meta = EventMeta(event_id=triplet_event_id(attempt.rollout_id, attempt.attempt_id, index),

@@ -255,6 +255,8 @@ class GRPO(Algorithm):
     # pretrained models) and validation falling twice in a row: the run says so and falls back to the best
     # validated version, at most ``max_fallbacks`` times (then it stops).
     watch_drift: bool | None = None
+    # A multi-turn attempt trains as one sequence, its turns joined (trainer/trajectories.py); False: each call
+    trajectories: bool = False
     drift_bands: DriftBands = field(default_factory=DriftBands)
     max_fallbacks: int = 2
     seed: int = 0
@@ -336,6 +338,7 @@ class GRPO(Algorithm):
                 *(["--lr-by-signal"] if self.lr_by_signal else []),
                 *(["--train-top-layers", str(self.train_top_layers)] if self.train_top_layers else []),
                 *(["--watch-kl"] if self.watch_drift else []),
+                *(["--trajectories"] if self.trajectories else []),
                 *(["--keep-every", str(self.val_every)] if self.val_every else []),
                 *(["--window-seconds", str(self.window_seconds)] if self.window_seconds else []),
                 *(["--max-steps", str(self.max_versions)] if self.max_versions else [])]

@@ -62,7 +62,10 @@ class TokenBatch:
     response_ids: torch.Tensor  # [B, R] (pad where masked)
 
 
-def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int) -> TokenBatch:
+def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int,
+         loss_masks: Sequence[Sequence[int] | None] | None = None) -> TokenBatch:
+    """``loss_masks``: per response, 1 where a token takes part in the loss (None: all of them; trajectories
+    mask the tokens between turns)."""
     if len(prompts) != len(responses):
         raise ValueError("prompts and responses differ in length")
     if any(len(p) == 0 for p in prompts):
@@ -80,7 +83,8 @@ def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], p
         attn[b, :n] = 1
         if r:
             resp_ids[b, : len(r)] = torch.tensor(list(r), dtype=torch.long)
-            resp_mask[b, : len(r)] = 1.0
+            mask = loss_masks[b] if loss_masks is not None else None
+            resp_mask[b, : len(r)] = torch.tensor(list(mask), dtype=torch.float32) if mask is not None else 1.0
     prompt_lens = torch.tensor([len(p) for p in prompts], dtype=torch.long)
     return TokenBatch(input_ids, attn, prompt_lens, resp_mask, resp_ids)
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from .checkpoint import load_checkpoint, save_checkpoint
-from .grpo import LossConfig, LossStats, group_advantages, grpo_loss, pack, response_logprobs
+from .grpo import LossConfig, LossStats, TokenBatch, group_advantages, grpo_loss, pack, response_logprobs
 from .sampling import left_out_counts, temperature_of, why_left_out
 from .signals import lr_factor
 from .tokenizer import Tokenizer
@@ -141,7 +141,7 @@ class GrpoLearner:
         # Every reward counts in its group's advantages; only samples the learner can score take part in the loss.
         scored = [i for i, s in enumerate(samples) if why_left_out(s, self.cfg.temperature) is None]
         train, train_advs = [samples[i] for i in scored], [advs[i] for i in scored]
-        total_tokens = sum(len(s.response_token_ids) for s in train)
+        total_tokens = sum(trained_tokens(s) for s in train)
         self.model.train()
         batches = self._micro_batches(train)
         prox = self._proximal_logprobs(train, batches) if self.cfg.loss.decoupled and train else None
@@ -167,8 +167,7 @@ class GrpoLearner:
         """Each micro-batch's response log-probs under the policy as the step begins (decoupled PPO's anchor)."""
         out = []
         for idx in batches:
-            batch = pack([samples[i].prompt_token_ids for i in idx], [samples[i].response_token_ids for i in idx],
-                         self.tokenizer.pad_id)
+            batch = _packed([samples[i] for i in idx], self.tokenizer.pad_id)
             out.append(response_logprobs(self.model, batch, temperature=self._temperatures(
                 [samples[i] for i in idx]))[0])
         return out
@@ -201,8 +200,7 @@ class GrpoLearner:
                     prox: torch.Tensor | None = None, loss_cfg: LossConfig | None = None,
                     with_ref: bool = True) -> tuple[torch.Tensor, LossStats]:
         loss_cfg = loss_cfg or self.cfg.loss
-        batch = pack([s.prompt_token_ids for s in samples], [s.response_token_ids for s in samples],
-                     self.tokenizer.pad_id)
+        batch = _packed(samples, self.tokenizer.pad_id)
         temperatures = self._temperatures(samples)
         logp, entropy = response_logprobs(self.model, batch, with_entropy=self.cfg.with_entropy,
                                           temperature=temperatures)
@@ -309,6 +307,16 @@ def train_top_layers(model: Any, n: int) -> int:
         for p in norm.parameters():
             p.requires_grad_(True)
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def _packed(samples: Sequence[Sample], pad_id: int) -> TokenBatch:
+    return pack([s.prompt_token_ids for s in samples], [s.response_token_ids for s in samples], pad_id,
+                [s.loss_mask for s in samples])
+
+
+def trained_tokens(s: Sample) -> int:
+    """The response tokens that take part in the loss (a trajectory's sampled ones)."""
+    return len(s.response_token_ids) if s.loss_mask is None else sum(s.loss_mask)
 
 
 def _length(s: Sample) -> int:

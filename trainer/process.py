@@ -67,6 +67,8 @@ class TrainerConfig:
     # Fall back to these weights (a checkpoint directory, e.g. the best validated version's) on start: the run
     # goes on from the newest checkpoint's version, positions and window, and publishes them as the next version.
     restore: Path | None = None
+    # One sample per multi-turn attempt, its turns joined (trainer/trajectories.py); False: one per LLM call
+    trajectories: bool = False
 
     def learner_config(self) -> LearnerConfig:
         """The learner's settings, scoring at the temperature this trainer publishes: the one agents that read
@@ -76,7 +78,8 @@ class TrainerConfig:
 
     def window(self) -> WindowConfig:
         return WindowConfig(group_size=self.group_size, max_samples=self.groups_per_step * self.group_size,
-                            max_seconds=self.max_seconds, max_staleness=self.max_staleness)
+                            max_seconds=self.max_seconds, max_staleness=self.max_staleness,
+                            trajectories=self.trajectories)
 
 
 class TrainerProcess(Work[TripletEmitted]):

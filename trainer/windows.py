@@ -31,6 +31,8 @@ from typing import Any
 from litstream.schemas.events import TripletEmitted
 from litstream.schemas.policy_versions import parse_policy_version
 
+from .trajectories import JoinStats, join_attempt
+
 
 @dataclass(frozen=True)
 class Sample:
@@ -49,6 +51,10 @@ class Sample:
     top_p: float | None = None
     top_k: int | None = None
     constrained: bool = False  # decoded under a grammar (a forced tool call)
+    # Trajectory mode (trainer/trajectories.py): 1 where a response token was sampled (it takes part in the loss),
+    # 0 where it was not (tool results, template glue between turns); None: every response token was sampled.
+    loss_mask: tuple[int, ...] | None = None
+    turns: int = 1  # the attempt's LLM calls this sample holds
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -84,6 +90,8 @@ class WindowConfig:
     accept_unversioned: bool = True
     overflow_factor: int = 4
     dedupe_capacity: int = 200_000
+    # One sample per attempt, its turns joined (trainer/trajectories.py), instead of one per LLM call.
+    trajectories: bool = False
 
     def __post_init__(self) -> None:
         if self.max_samples is None and self.max_seconds is None:
@@ -131,14 +139,21 @@ def triplet_version(t: TripletEmitted) -> int | None:
     return None
 
 
-def to_sample(t: TripletEmitted) -> Sample:
-    if t.reward is None:
+def to_sample(t: TripletEmitted, turn: bool = False) -> Sample:
+    """The triplet as a sample; a ``turn`` of an attempt still to be joined may have no reward of its own (NaN)."""
+    if t.reward is None and not turn:
         raise ValueError("triplet has no reward")
     drawn = drawn_with(t.metadata)
     return Sample(rollout_id=t.meta.rollout_id, attempt_id=t.attempt_id, index=t.index, group_id=t.group_id,
                   policy_version=triplet_version(t), prompt_token_ids=tuple(t.prompt_token_ids),
                   response_token_ids=tuple(t.response_token_ids), response_logprobs=tuple(t.response_logprobs),
-                  reward=float(t.reward), **drawn)
+                  reward=float(t.reward) if t.reward is not None else math.nan, **drawn)
+
+
+def attempt_calls(t: TripletEmitted) -> int:
+    """How many triplets the triplet's attempt gave (``metadata["calls"]``; 1 where it was not recorded)."""
+    calls = t.metadata.get("calls")
+    return calls if isinstance(calls, int) and not isinstance(calls, bool) and calls > 0 else 1
 
 
 def drawn_with(metadata: dict[str, Any]) -> dict[str, Any]:
@@ -169,6 +184,8 @@ class Windower:
         self._trained: OrderedDict[str, None] = OrderedDict()
         self._opened = now
         self._number = 0
+        self.joins = JoinStats()
+        self._turns: dict[tuple[str, str], list[Sample]] = {}  # trajectory mode: attempts still arriving
 
     # --- intake ------------------------------------------------------------------------------------------
 
@@ -208,14 +225,30 @@ class Windower:
             st.duplicates += 1
             return
         _remember(self._seen, key, self.cfg.dedupe_capacity)
+        if (not t.response_token_ids or len(t.response_logprobs) != len(t.response_token_ids)
+                or not t.prompt_token_ids or (t.reward is not None and not math.isfinite(t.reward))):
+            st.malformed += 1
+            return
+        calls = attempt_calls(t)
+        if self.cfg.trajectories and calls > 1:
+            turns = self._turns.setdefault((t.meta.rollout_id, t.attempt_id), [])
+            turns.append(to_sample(t, turn=True))
+            if len(turns) < calls:
+                return
+            del self._turns[(t.meta.rollout_id, t.attempt_id)]
+            for sample in join_attempt(turns, self.joins):
+                self._admit(sample)
+            return
         if t.reward is None:
             st.no_reward += 1
             return
-        if (not t.response_token_ids or len(t.response_logprobs) != len(t.response_token_ids)
-                or not t.prompt_token_ids or not math.isfinite(t.reward)):
-            st.malformed += 1
+        self._admit(to_sample(t))
+
+    def _admit(self, sample: Sample) -> None:
+        st = self.stats
+        if not math.isfinite(sample.reward):
+            st.no_reward += 1
             return
-        sample = to_sample(t)
         if sample.policy_version is None:
             if not self.cfg.accept_unversioned:
                 st.stale += 1
@@ -242,6 +275,8 @@ class Windower:
             "version": self.version, "number": self._number, "stats": self.stats.as_dict(),
             "groups": [{"group_id": g.group_id, "carried": g.carried, "samples": [asdict(s) for s in g.samples]}
                        for g in self._groups.values()],
+            "turns": [asdict(s) for turns in self._turns.values() for s in turns],
+            "joins": asdict(self.joins),
             "seen": [list(k) for k in list(self._seen)[-max_keys:]],
             "trained": list(self._trained)[-max_keys:],
         }
@@ -253,10 +288,12 @@ class Windower:
         w._number = int(snap.get("number", 0))
         w.stats = WindowStats(**snap.get("stats", {}))
         for g in snap.get("groups", []):
-            samples = [Sample(**{**s, "prompt_token_ids": tuple(s["prompt_token_ids"]),
-                                 "response_token_ids": tuple(s["response_token_ids"]),
-                                 "response_logprobs": tuple(s["response_logprobs"])}) for s in g["samples"]]
+            samples = [_sample_of(s) for s in g["samples"]]
             w._groups[g["group_id"]] = Group(g["group_id"], samples, int(g.get("carried", 0)))
+        for s in snap.get("turns", []):
+            turn = _sample_of(s)
+            w._turns.setdefault((turn.rollout_id, turn.attempt_id), []).append(turn)
+        w.joins = JoinStats(**snap.get("joins", {}))
         for k in snap.get("seen", []):
             w._seen[(str(k[0]), str(k[1]), int(k[2]))] = None
         for gid in snap.get("trained", []):
@@ -313,6 +350,14 @@ class Windower:
             if len(g.samples) < cfg.group_size:
                 st.partial_groups_trained += 1
         return Window(number=self._number, groups=ready, reason=reason)
+
+
+def _sample_of(saved: dict[str, Any]) -> Sample:
+    mask = saved.get("loss_mask")
+    return Sample(**{**saved, "prompt_token_ids": tuple(saved["prompt_token_ids"]),
+                     "response_token_ids": tuple(saved["response_token_ids"]),
+                     "response_logprobs": tuple(saved["response_logprobs"]),
+                     "loss_mask": tuple(mask) if mask is not None else None})
 
 
 def _remember(seen: OrderedDict[Any, None], key: Any, capacity: int) -> None:
