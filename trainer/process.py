@@ -141,7 +141,8 @@ class TrainerProcess(Work[TripletEmitted]):
 
     def report(self) -> Mapping[str, Any]:
         return {**self.counters, "dead_letters": self.loop.letters.seen, **self.windower.stats.as_dict(),
-                "left_out": dict(self.left_out), "restored_from": self.restored_from, **self.drift}
+                "left_out": dict(self.left_out), "restored_from": self.restored_from, **self.drift,
+                "trajectories": asdict(self.windower.joins)}
 
     def stop(self) -> None:
         self.loop.stop()
