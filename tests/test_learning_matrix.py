@@ -25,7 +25,7 @@ def _judge(rows: list[dict[str, Any]], rise: float) -> None:
 @pytest.mark.slow(enabled_by="LITSTREAM_LEARNING_MATRIX")
 @pytest.mark.timeout(7200)
 def test_every_agent_of_the_matrix_learns_the_toy_task_on_the_tiny_policy(tmp_path: Path) -> None:
-    _judge(train_matrix(AGENTS, "tiny", 60, tmp_path), rise=0.2)
+    _judge(train_matrix(AGENTS, "tiny", 60, tmp_path), rise=0.1)
 
 
 @pytest.mark.slow(enabled_by="LITSTREAM_LEARNING_MATRIX_SMOLLM2")
