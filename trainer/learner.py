@@ -14,10 +14,11 @@ import torch
 
 from .checkpoint import load_checkpoint, save_checkpoint
 from .grpo import LossConfig, LossStats, TokenBatch, group_advantages, grpo_loss, pack, response_logprobs
+from .samples import Sample
 from .sampling import left_out_counts, temperature_of, why_left_out
 from .signals import lr_factor
 from .tokenizer import Tokenizer
-from .windows import Group, Sample
+from .windows import Group
 
 log = logging.getLogger("litstream.trainer")
 

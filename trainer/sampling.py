@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from .windows import Sample
+from .samples import Sample
 
 REASONS = ("greedy", "top_p", "top_k", "constrained")
 WHAT_TO_TRY = {

@@ -18,10 +18,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # windows.py joins with these functions
-    from .windows import Sample
+from .samples import Sample
 
 
 @dataclass

@@ -31,34 +31,8 @@ from typing import Any
 from litstream.schemas.events import TripletEmitted
 from litstream.schemas.policy_versions import parse_policy_version
 
+from .samples import Sample
 from .trajectories import JoinStats, join_attempt
-
-
-@dataclass(frozen=True)
-class Sample:
-    rollout_id: str
-    attempt_id: str
-    index: int
-    group_id: str
-    policy_version: int | None
-    prompt_token_ids: Sequence[int]
-    response_token_ids: Sequence[int]
-    response_logprobs: Sequence[float]  # from the generating engine: the old log-probs of GRPO
-    reward: float
-    # How the response was drawn, as its LLM span recorded the request (None: not recorded). The learner scores
-    # each sample at its own temperature (trainer/sampling.py).
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    constrained: bool = False  # decoded under a grammar (a forced tool call)
-    # Trajectory mode (trainer/trajectories.py): 1 where a response token was sampled (it takes part in the loss),
-    # 0 where it was not (tool results, template glue between turns); None: every response token was sampled.
-    loss_mask: tuple[int, ...] | None = None
-    turns: int = 1  # the attempt's LLM calls this sample holds
-
-    @property
-    def key(self) -> tuple[str, str, int]:
-        return (self.rollout_id, self.attempt_id, self.index)
 
 
 @dataclass
