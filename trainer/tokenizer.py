@@ -126,10 +126,8 @@ def align_with_model(tok: Any, model: Any) -> Any:
         if tok.pad_token_id is None or tok.pad_token_id == old:
             tok.pad_token = tok.eos_token
     backend = getattr(tok, "backend_tokenizer", None)
-    if backend is not None:
-        spec = json.loads(byte_level_decoding(backend.to_str()))
-        if spec["decoder"] != json.loads(backend.to_str()).get("decoder"):
-            backend.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    if backend is not None and _needs_byte_level_decoder(json.loads(backend.to_str())):
+        backend.decoder = decoders.ByteLevel()
     return tok
 
 
@@ -144,18 +142,22 @@ def byte_level_decoding(tokenizer_json: str) -> str:
 
     spec = json.loads(tokenizer_json)
     spec["padding"] = spec["truncation"] = None
+    if _needs_byte_level_decoder(spec):
+        spec["decoder"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                           "use_regex": False}
+    return json.dumps(spec)
+
+
+def _needs_byte_level_decoder(spec: dict[str, Any]) -> bool:
+    """A byte-level pre-tokenizer with any decoder but the plain ByteLevel one."""
 
     def kinds(part: dict[str, Any] | None, key: str) -> list[str]:
         if not part:
             return []
         return [part["type"]] + [k for sub in part.get(key) or [] for k in kinds(sub, key)]
 
-    pre = kinds(spec.get("pre_tokenizer"), "pretokenizers")
-    dec = kinds(spec.get("decoder"), "decoders")
-    if "ByteLevel" in pre and dec != ["ByteLevel"]:
-        spec["decoder"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
-                           "use_regex": False}
-    return json.dumps(spec)
+    return ("ByteLevel" in kinds(spec.get("pre_tokenizer"), "pretokenizers")
+            and kinds(spec.get("decoder"), "decoders") != ["ByteLevel"])
 
 
 def _write_info(directory: str | Path, kind: str) -> None:
