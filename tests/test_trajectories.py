@@ -122,3 +122,15 @@ def test_a_joined_sample_trains_only_its_sampled_tokens() -> None:
     stats = learner.step([[joined, other]])
     assert stats.tokens == 2 * trained_tokens(joined) and stats.left_out == {}
     assert math.isfinite(stats.loss) and torch.isfinite(torch.tensor(stats.grad_norm))
+
+
+def test_an_attempt_with_a_malformed_turn_is_not_held_forever() -> None:
+    """A turn the windower refuses (no response tokens) still counts as arrived: the attempt's other turns train
+    per call ("missing turn") instead of waiting for a turn that will never come."""
+    w = Windower(WindowConfig(group_size=1, max_samples=1, min_group_size=1, trajectories=True))
+    first, second = two_turn_attempt("a1", 1.0)
+    broken = first.model_copy(update={"response_token_ids": [], "response_logprobs": []})
+    assert w.add(broken, 0) is None
+    window = w.add(second, 0)
+    assert window is not None and [s.index for s in window.samples] == [1]
+    assert w.stats.malformed == 1 and w.joins.fallbacks == {"missing turn": 1} and not w._turns

@@ -160,6 +160,7 @@ class Windower:
         self._number = 0
         self.joins = JoinStats()
         self._turns: dict[tuple[str, str], list[Sample]] = {}  # trajectory mode: attempts still arriving
+        self._turns_missing: dict[tuple[str, str], int] = {}  # their malformed turns, which never will
 
     # --- intake ------------------------------------------------------------------------------------------
 
@@ -199,24 +200,40 @@ class Windower:
             st.duplicates += 1
             return
         _remember(self._seen, key, self.cfg.dedupe_capacity)
-        if (not t.response_token_ids or len(t.response_logprobs) != len(t.response_token_ids)
-                or not t.prompt_token_ids or (t.reward is not None and not math.isfinite(t.reward))):
+        malformed = (not t.response_token_ids or len(t.response_logprobs) != len(t.response_token_ids)
+                     or not t.prompt_token_ids or (t.reward is not None and not math.isfinite(t.reward)))
+        if malformed:
             st.malformed += 1
-            return
         calls = attempt_calls(t)
         if self.cfg.trajectories and calls > 1:
-            turns = self._turns.setdefault((t.meta.rollout_id, t.attempt_id), [])
-            turns.append(to_sample(t, turn=True))
-            if len(turns) < calls:
-                return
-            del self._turns[(t.meta.rollout_id, t.attempt_id)]
-            for sample in join_attempt(turns, self.joins):
-                self._admit(sample)
+            self._take_turn(t, calls, malformed)
+            return
+        if malformed:
             return
         if t.reward is None:
             st.no_reward += 1
             return
         self._admit(to_sample(t))
+
+    def _take_turn(self, t: TripletEmitted, calls: int, malformed: bool) -> None:
+        """Trajectory mode: hold the attempt's turns until all ``calls`` are in (a malformed one counts as in,
+        and the rest then stay per call: "missing turn"), then admit the joined sample or the turns."""
+        attempt = (t.meta.rollout_id, t.attempt_id)
+        turns = self._turns.setdefault(attempt, [])
+        if malformed:
+            self._turns_missing[attempt] = self._turns_missing.get(attempt, 0) + 1
+        else:
+            turns.append(to_sample(t, turn=True))
+        if len(turns) + self._turns_missing.get(attempt, 0) < calls:
+            return
+        del self._turns[attempt]
+        if self._turns_missing.pop(attempt, 0):
+            self.joins.count("missing turn")
+            samples = sorted(turns, key=lambda s: s.index)
+        else:
+            samples = join_attempt(turns, self.joins)
+        for sample in samples:
+            self._admit(sample)
 
     def _admit(self, sample: Sample) -> None:
         st = self.stats
@@ -250,6 +267,7 @@ class Windower:
             "groups": [{"group_id": g.group_id, "carried": g.carried, "samples": [asdict(s) for s in g.samples]}
                        for g in self._groups.values()],
             "turns": [asdict(s) for turns in self._turns.values() for s in turns],
+            "turns_missing": [[*k, n] for k, n in self._turns_missing.items()],
             "joins": asdict(self.joins),
             "seen": [list(k) for k in list(self._seen)[-max_keys:]],
             "trained": list(self._trained)[-max_keys:],
@@ -267,6 +285,9 @@ class Windower:
         for s in snap.get("turns", []):
             turn = _sample_of(s)
             w._turns.setdefault((turn.rollout_id, turn.attempt_id), []).append(turn)
+        for rid, aid, n in snap.get("turns_missing", []):
+            w._turns_missing[(str(rid), str(aid))] = int(n)
+            w._turns.setdefault((str(rid), str(aid)), [])
         w.joins = JoinStats(**snap.get("joins", {}))
         for k in snap.get("seen", []):
             w._seen[(str(k[0]), str(k[1]), int(k[2]))] = None
