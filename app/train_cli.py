@@ -41,7 +41,8 @@ def _algorithm(name: str, opts: dict[str, Any]) -> Algorithm:
                 patience=opts["patience"] or None, lr=opts["lr"], lr_schedule=opts["lr_schedule"],
                 ppo_epochs=opts["epochs"], entropy_coef=opts["entropy_coef"], temperature=opts["temperature"],
                 train_top_layers=opts["train_top_layers"],
-                max_tokens=opts["max_tokens"], max_staleness=opts["max_staleness"], seed=opts["seed"])
+                max_tokens=opts["max_tokens"], max_staleness=opts["max_staleness"], seed=opts["seed"],
+                trajectories=opts["trajectories"])
 
 
 def _per_model(field: str, fmt: str = "{}") -> str:
@@ -98,6 +99,9 @@ def _per_model(field: str, fmt: str = "{}") -> str:
 @click.option("--max-tokens", type=int, default=None,
               help=f"GRPO: response length published with each version {_per_model('max_tokens')}.")
 @click.option("--max-staleness", default=2, show_default=True)
+@click.option("--trajectories/--per-call", default=False, show_default=True,
+              help="GRPO: train a multi-turn attempt as one sequence (only its sampled tokens in the loss), where each "
+                   "turn's prompt extends the previous turn's tokens; or each LLM call on its own.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--template", multiple=True, help="prompt-search: a candidate prompt template (repeatable).")
 @click.option("--rounds", default=1, show_default=True, help="prompt-search: critic proposals to try.")
