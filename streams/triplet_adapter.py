@@ -161,8 +161,11 @@ def span_to_triplet(span: TraceSpan, agent_name: str) -> Triplet:
     usage = sa.under(a, "gen_ai.usage")
     if usage:
         metadata["usage"] = usage
-    if a.get("litstream.constrained") is True:  # decoded under a grammar: not the policy's own distribution
+    if a.get("litstream.constrained") is True:  # decoded under a grammar, whose masks the learner replays
         metadata["constrained"] = True
+        grammar = a.get("litstream.grammar")
+        if isinstance(grammar, str) and grammar:
+            metadata["grammar"] = grammar
     version = a.get(POLICY_VERSION_ATTR)  # the version that generated it, when the agent knows (policy_agent.py)
     if isinstance(version, int) and not isinstance(version, bool) and version >= 0:
         metadata["policy_version"] = version

@@ -14,7 +14,9 @@ import torch
 
 from litstream.trainer.constrained import (
     ToolCallGrammar,
+    compile_lark,
     compile_tool_call_grammar,
+    replay_allowed,
     tool_call_lark,
 )
 from litstream.trainer.engines import Generation, TorchEngine, completion_body, tempered_logprobs
@@ -118,23 +120,27 @@ def test_cut_call_finishes_with_length(tiny: TorchEngine) -> None:
     assert g.finish_reason == "length" and g.text == "<tool"
 
 
-def recomputed(engine: TorchEngine, g: Generation, temperature: float) -> torch.Tensor:
-    """The model's log-probs of ``g``'s tokens after its prompt, tempered and with no mask: what the learner scores."""
+def recomputed(engine: TorchEngine, g: Generation, temperature: float, lark: str) -> torch.Tensor:
+    """The model's log-probs of ``g``'s tokens after its prompt, tempered and masked to what the grammar allowed
+    (replayed): what the learner scores."""
     ids = torch.tensor([g.prompt_token_ids + g.token_ids[:-1]])
     with torch.no_grad():
         logits = engine.model(input_ids=ids).logits[0, len(g.prompt_token_ids) - 1:]
-    return tempered_logprobs(logits, temperature).gather(1, torch.tensor(g.token_ids)[:, None]).squeeze(1)
+    allowed = replay_allowed(compile_lark(engine.tokenizer, lark, logits.shape[-1]), g.token_ids)
+    masked = tempered_logprobs(logits, temperature).masked_fill(~torch.from_numpy(allowed), float("-inf"))
+    return torch.log_softmax(masked, dim=-1).gather(1, torch.tensor(g.token_ids)[:, None]).squeeze(1)
 
 
 @pytest.mark.parametrize("temperature", [0.7, 0.0])
-def test_logprobs_are_the_tempered_unmasked_ones(tiny: TorchEngine, temperature: float) -> None:
+def test_logprobs_are_those_of_the_masked_distribution(tiny: TorchEngine, temperature: float) -> None:
     prompts = [tiny.tokenizer.encode("a"), tiny.tokenizer.encode("a longer prompt, left-padded")]
-    gens = tiny.generate(prompts, 200, temperature=temperature, seed=9, grammar=grammar("get_weather"))
+    g_weather = grammar("get_weather")
+    gens = tiny.generate(prompts, 200, temperature=temperature, seed=9, grammar=g_weather)
     for g in gens:
-        want = recomputed(tiny, g, temperature)
+        want = recomputed(tiny, g, temperature, tool_call_lark(g_weather))
         assert torch.allclose(torch.tensor(g.logprobs), want, atol=1e-4, rtol=0)
-        # The grammar forces most of the call's bytes; under the mask they would have log-prob 0.
-        assert max(g.logprobs) < -1.0
+        # The grammar forces most of the call's bytes: drawn with no choice, their log-prob is 0.
+        assert sum(1 for x in g.logprobs if abs(x) < 1e-6) > len(g.logprobs) // 2
 
 
 # Sampled by the engine before constrained decoding existed (tiny policy, seed 7, 12 tokens).

@@ -16,6 +16,7 @@ import torch
 
 from litstream.infra.metrics import StatsCollector
 from litstream.infra.settings import Settings
+from litstream.trainer.constrained import tool_call_lark
 from litstream.trainer.engines import TorchEngine
 from litstream.trainer.policy import build_policy, default_smollm2_cache
 from litstream.trainer.tokenizer import ByteTokenizer, HFTokenizer
@@ -308,6 +309,8 @@ def test_forced_calls_of_the_random_policy_are_valid_streamed_or_not(settings: S
     choice = one.choices[0]
     assert json.loads(span["gen_ai.tool.definitions"]) == TOOLS and span["gen_ai.request.tool_choice"] == "get_weather"
     assert span["litstream.constrained"] is True and span["litstream.tool_calls.count"] == 1
+    # The grammar the call was decoded under (the named function alone), for the learner to replay its masks.
+    assert span["litstream.grammar"] == tool_call_lark(plan(ASK, tools=TOOLS, tool_choice=named).grammar(GENERIC))
     assert span["litstream.tool_calls.malformed"] == 0 and span["gen_ai.completion.0.finish_reason"] == "tool_calls"
     assert json.loads(span["gen_ai.completion.0.tool_calls"]) == [
         {"id": t.id, "type": "function", "name": t.function.name, "arguments": t.function.arguments}

@@ -154,9 +154,9 @@ class _LlgConstraint:
 
 @dataclass
 class CompiledToolCallGrammar:
-    """A ``ToolCallGrammar`` compiled for one tokenizer: ``start(n)`` gives ``n`` fresh sequence states."""
+    """A grammar (its Lark text) compiled for one tokenizer: ``start(n)`` gives ``n`` fresh sequence states."""
 
-    grammar: ToolCallGrammar
+    lark: str
     vocab_size: int  # the width of the masks (the model's logits)
     eos_id: int
     _matcher: Any  # llguidance.LLMatcher in its start state; each sequence gets a copy
@@ -166,10 +166,10 @@ class CompiledToolCallGrammar:
         return [_LlgConstraint(self._matcher.deep_copy()) for _ in range(n)]
 
 
-_CACHE_SIZE = 64  # distinct tool sets kept compiled per tokenizer
+_CACHE_SIZE = 64  # distinct grammars kept compiled per tokenizer
 _lock = threading.Lock()
 _ll_tokenizers: weakref.WeakKeyDictionary[Any, dict[int, Any]] = weakref.WeakKeyDictionary()
-_compiled: weakref.WeakKeyDictionary[Any, OrderedDict[tuple[int, ToolCallGrammar], CompiledToolCallGrammar]] = (
+_compiled: weakref.WeakKeyDictionary[Any, OrderedDict[tuple[int, str], CompiledToolCallGrammar]] = (
     weakref.WeakKeyDictionary())
 
 
@@ -178,12 +178,25 @@ def compile_tool_call_grammar(tokenizer: Tokenizer, grammar: ToolCallGrammar,
     """``grammar`` compiled with llguidance for ``tokenizer`` (masks ``vocab_size`` wide: the model's logits;
     default the tokenizer's size). Compiled once per (tokenizer, vocab size, grammar); later calls return the
     cached one. ValueError when llguidance rejects the grammar (e.g. a schema keyword it does not implement)."""
+    try:
+        return compile_lark(tokenizer, tool_call_lark(grammar), vocab_size)
+    except _Rejected as exc:
+        raise ValueError(_rejection(grammar, str(exc))) from None
+
+
+class _Rejected(ValueError):
+    pass
+
+
+def compile_lark(tokenizer: Tokenizer, lark: str, vocab_size: int | None = None) -> CompiledToolCallGrammar:
+    """A grammar's Lark text (``tool_call_lark``'s, as a span records it) compiled with llguidance for
+    ``tokenizer``, cached as ``compile_tool_call_grammar``'s; ValueError when llguidance rejects it."""
     import time
 
     import llguidance
 
     vocab = int(vocab_size or tokenizer.vocab_size)
-    key = (vocab, grammar)
+    key = (vocab, lark)
     with _lock:
         per_tok = _compiled.setdefault(tokenizer, OrderedDict())
         hit = per_tok.get(key)
@@ -192,14 +205,14 @@ def compile_tool_call_grammar(tokenizer: Tokenizer, grammar: ToolCallGrammar,
             return hit
         ll_tok = _ll_tokenizer(tokenizer, vocab)
     t0 = time.perf_counter()
-    text = llguidance.grammar_from("lark", tool_call_lark(grammar))
+    text = llguidance.grammar_from("lark", lark)
     error = llguidance.LLMatcher.validate_grammar(text, ll_tok)
     if error:
-        raise ValueError(_rejection(grammar, error))
+        raise _Rejected(error)
     matcher = llguidance.LLMatcher(ll_tok, text, log_level=0)
     if matcher.is_error():
-        raise ValueError(_rejection(grammar, matcher.get_error()))
-    compiled = CompiledToolCallGrammar(grammar, vocab, tokenizer.eos_id, matcher, time.perf_counter() - t0)
+        raise _Rejected(matcher.get_error())
+    compiled = CompiledToolCallGrammar(lark, vocab, tokenizer.eos_id, matcher, time.perf_counter() - t0)
     with _lock:
         per_tok[key] = compiled
         while len(per_tok) > _CACHE_SIZE:
@@ -255,3 +268,21 @@ def allowed_tokens(constraints: Sequence[TokenConstraint | None], vocab_size: in
     # Little-endian words: byte k of word j holds tokens 32j + 8k ... 32j + 8k + 7, lowest bit first.
     unpacked = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")
     return unpacked[:, :vocab_size].astype(bool)
+
+
+def replay_allowed(compiled: CompiledToolCallGrammar, tokens: Sequence[int]) -> np.ndarray[Any, Any]:
+    """The boolean mask ``[len(tokens), vocab_size]`` each token of a constrained response was drawn under,
+    recomputed by feeding the response through the grammar again (the masks depend on the grammar and the tokens
+    before only). The torch engine's loop is replayed: end-of-sequence stops it. ValueError when a token is one the
+    grammar did not allow (the response was not decoded under this grammar with this tokenizer)."""
+    state = compiled.start(1)[0]
+    rows = np.zeros((len(tokens), compiled.vocab_size), dtype=bool)
+    for j, token in enumerate(tokens):
+        rows[j] = allowed_tokens([state], compiled.vocab_size, compiled.eos_id)[0]
+        if not 0 <= token < compiled.vocab_size or not rows[j, token]:
+            raise ValueError(f"token {token} at position {j} is not one the grammar allowed there")
+        if token == compiled.eos_id:
+            rows[j + 1:] = True  # nothing follows end-of-sequence in a response; kept neutral
+            break
+        state.accept(token)
+    return rows

@@ -40,7 +40,7 @@ from .constrained import (
     compile_tool_call_grammar,
     tool_call_lark,
 )
-from .policy import takes_logits_to_keep
+from .policy import logits_width, takes_logits_to_keep
 from .tokenizer import Tokenizer
 
 
@@ -61,8 +61,9 @@ class InferenceEngine(Protocol):
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, seed: int | None = None,
                  grammar: ToolCallGrammar | None = None) -> list[Generation]:
-        """With ``grammar``, every sequence is constrained to it (``trainer.constrained``); log-probs stay those
-        of the tempered distribution before the grammar's mask."""
+        """With ``grammar``, every sequence is constrained to it (``trainer.constrained``); the log-probs are
+        those of the distribution each token was drawn from: the tempered one, masked to what the grammar allowed
+        and renormalised (the learner replays the masks to score such a response the same way)."""
         ...
 
     def apply_version(self, version: int, checkpoint_dir: str | Path) -> float:
@@ -122,7 +123,7 @@ class TorchEngine:
                              constraints: Sequence[TokenConstraint] | None = None) -> list[Generation]:
         """``generate`` with one ``TokenConstraint`` per prompt (or none): each step's logits are masked to what the
         sequence's constraint allows before sampling; temperature and top-p apply over the allowed tokens. The
-        log-probs reported are those of the tempered distribution before the mask, as the learner recomputes."""
+        log-probs reported are those of the masked, renormalised distribution (as vLLM reports them)."""
         if not prompts:
             return []
         if any(len(p) == 0 for p in prompts):
@@ -181,21 +182,18 @@ class TorchEngine:
     @property
     def _vocab_size(self) -> int:
         """The width of the model's logits (the masks' width)."""
-        head = self.model.get_output_embeddings()
-        return int(head.weight.shape[0]) if head is not None else int(self.model.config.vocab_size)
+        return logits_width(self.model)
 
 
 def _pick(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator | None,
           allowed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The next tokens and their log-probs under the tempered distribution. With ``allowed`` (a boolean mask), the
     tokens are drawn from that distribution restricted to the allowed ones and renormalised (top-p then applies
-    over them); the log-probs reported are still the unmasked ones."""
+    over them), and the log-probs reported are those of the restricted one."""
     logp = tempered_logprobs(logits, temperature)
-    if allowed is None:
-        nxt = _sample(logp, temperature, top_p, gen)
-    else:
-        masked = F.log_softmax(logp.masked_fill(~allowed, float("-inf")), dim=-1)
-        nxt = _sample(masked, temperature, top_p, gen)
+    if allowed is not None:
+        logp = F.log_softmax(logp.masked_fill(~allowed, float("-inf")), dim=-1)
+    nxt = _sample(logp, temperature, top_p, gen)
     return nxt, logp.gather(1, nxt.unsqueeze(1)).squeeze(1)
 
 
@@ -234,8 +232,7 @@ class VllmEngine:
 
     A forced tool call (``generate(grammar=...)``) is constrained by the server (``completion_body``). vLLM masks
     the logits with the grammar before its sampler computes log-probs (in either logprobs mode), so the log-probs
-    of a constrained response are those of the masked, renormalised distribution, not the policy's as
-    TorchEngine reports them: where the learner needs the policy's, rescore such responses.
+    of a constrained response are those of the masked, renormalised distribution, as TorchEngine reports them.
     """
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None, version: int = 0,

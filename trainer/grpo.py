@@ -23,6 +23,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -60,12 +61,17 @@ class TokenBatch:
     prompt_lens: torch.Tensor  # [B]
     response_mask: torch.Tensor  # [B, R]: 1 on real response tokens
     response_ids: torch.Tensor  # [B, R] (pad where masked)
+    # Response positions decoded under a grammar: their sequence [N], their position in the response [N], and the
+    # tokens the grammar allowed there [N, V]; scored under the masked, renormalised distribution they were drawn from.
+    allowed: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int,
-         loss_masks: Sequence[Sequence[int] | None] | None = None) -> TokenBatch:
+         loss_masks: Sequence[Sequence[int] | None] | None = None,
+         grammar_masks: Sequence[Sequence[tuple[int, np.ndarray[Any, Any]]]] | None = None) -> TokenBatch:
     """``loss_masks``: per response, 1 where a token takes part in the loss (None: all of them; trajectories
-    mask the tokens between turns)."""
+    mask the tokens between turns). ``grammar_masks``: per response, the blocks of its tokens decoded under a grammar,
+    each ``(first position, the allowed tokens [n, V])`` as ``trainer.constrained.replay_allowed`` gives them."""
     if len(prompts) != len(responses):
         raise ValueError("prompts and responses differ in length")
     if any(len(p) == 0 for p in prompts):
@@ -86,7 +92,23 @@ def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], p
             mask = loss_masks[b] if loss_masks is not None else None
             resp_mask[b, : len(r)] = torch.tensor(list(mask), dtype=torch.float32) if mask is not None else 1.0
     prompt_lens = torch.tensor([len(p) for p in prompts], dtype=torch.long)
-    return TokenBatch(input_ids, attn, prompt_lens, resp_mask, resp_ids)
+    return TokenBatch(input_ids, attn, prompt_lens, resp_mask, resp_ids, _allowed(grammar_masks or []))
+
+
+def _allowed(grammar_masks: Sequence[Sequence[tuple[int, np.ndarray[Any, Any]]]],
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    rows_b: list[int] = []
+    rows_j: list[int] = []
+    blocks: list[np.ndarray[Any, Any]] = []
+    for b, found in enumerate(grammar_masks):
+        for start, rows in found:
+            rows_b += [b] * len(rows)
+            rows_j += range(start, start + len(rows))
+            blocks.append(rows)
+    if not blocks:
+        return None
+    return (torch.tensor(rows_b, dtype=torch.long), torch.tensor(rows_j, dtype=torch.long),
+            torch.from_numpy(np.concatenate(blocks)))
 
 
 def response_logprobs(model: Any, batch: TokenBatch, with_entropy: bool = False,
@@ -108,11 +130,15 @@ def response_logprobs(model: Any, batch: TokenBatch, with_entropy: bool = False,
     pos = (batch.prompt_lens.unsqueeze(1) - 1 + torch.arange(R).unsqueeze(0)).clamp(max=L - 1) - offset  # [B, R]
     picked = logits.gather(1, pos.unsqueeze(-1).expand(B, R, V)).float()  # [B, R, V]
     picked = _tempered(picked, temperature)
+    if batch.allowed is not None:
+        at_b, at_j, allowed = batch.allowed
+        picked = picked.index_put((at_b, at_j), picked[at_b, at_j].masked_fill(~allowed, float("-inf")))
     logp_all = F.log_softmax(picked, dim=-1)
     logp = logp_all.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1) * batch.response_mask
     entropy = None
     if with_entropy:
-        entropy = -(logp_all.exp() * logp_all).sum(-1) * batch.response_mask
+        safe = torch.where(logp_all.isfinite(), logp_all, 0.0)  # a masked-out token adds 0 (and no NaN gradient)
+        entropy = -(safe.exp() * safe).sum(-1) * batch.response_mask
     return logp, entropy
 
 

@@ -10,10 +10,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from .checkpoint import load_checkpoint, save_checkpoint
+from .constrained import compile_lark, replay_allowed
 from .grpo import LossConfig, LossStats, TokenBatch, group_advantages, grpo_loss, pack, response_logprobs
+from .policy import logits_width
 from .samples import Sample
 from .sampling import left_out_counts, temperature_of, why_left_out
 from .signals import lr_factor
@@ -105,6 +108,8 @@ class GrpoLearner:
         if ref_model is None and (self.cfg.loss.kl_beta > 0 or self.cfg.watch_kl):
             ref_model = copy.deepcopy(model)  # the policy as it is now is the reference
         self.ref_model = ref_model
+        # This step's constrained samples: the grammar masks their tokens were drawn under (by id of the sample).
+        self._grammar_masks: dict[int, list[tuple[int, np.ndarray[Any, Any]]]] = {}
         if ref_model is not None:
             ref_model.eval()
             for p in ref_model.parameters():
@@ -140,7 +145,16 @@ class GrpoLearner:
             solved = min(1.0, max(0.0, sum(rewards) / len(rewards)))
             loss_cfg = replace(loss_cfg, entropy_coef=loss_cfg.entropy_coef * (1.0 - solved))
         # Every reward counts in its group's advantages; only samples the learner can score take part in the loss.
+        left_out = left_out_counts(samples, self.cfg.temperature)
         scored = [i for i, s in enumerate(samples) if why_left_out(s, self.cfg.temperature) is None]
+        self._grammar_masks = {}
+        for i in [i for i in scored if samples[i].grammars]:
+            masks = self._replayed(samples[i])
+            if masks is None:
+                scored.remove(i)
+                left_out["constrained"] += 1
+            else:
+                self._grammar_masks[id(samples[i])] = masks
         train, train_advs = [samples[i] for i in scored], [advs[i] for i in scored]
         total_tokens = sum(trained_tokens(s) for s in train)
         self.model.train()
@@ -150,6 +164,7 @@ class GrpoLearner:
         for _ in range(max(self.cfg.epochs, 1) if train else 0):
             agg, loss_sum, grad_norm = self._update(train, train_advs, batches, total_tokens, prox, loss_cfg)
         self.model.eval()
+        self._grammar_masks = {}
         lags = [self.version - s.policy_version for s in samples if s.policy_version is not None]
         self.version += 1
         self.step_count += 1
@@ -161,14 +176,14 @@ class GrpoLearner:
             reward_mean=sum(rewards) / len(rewards), adv_abs_mean=sum(abs(a) for a in advs) / len(advs),
             lr=lr, entropy_coef=loss_cfg.entropy_coef, zero_adv_groups=flat,
             version_lag=sum(lags) / len(lags) if lags else 0.0, seconds=time.perf_counter() - t0,
-            left_out=dict(left_out_counts(samples, self.cfg.temperature)))
+            left_out=dict(left_out))
 
     @torch.no_grad()
     def _proximal_logprobs(self, samples: list[Sample], batches: list[list[int]]) -> list[torch.Tensor]:
         """Each micro-batch's response log-probs under the policy as the step begins (decoupled PPO's anchor)."""
         out = []
         for idx in batches:
-            batch = _packed([samples[i] for i in idx], self.tokenizer.pad_id)
+            batch = self._packed([samples[i] for i in idx])
             out.append(response_logprobs(self.model, batch, temperature=self._temperatures(
                 [samples[i] for i in idx]))[0])
         return out
@@ -201,7 +216,7 @@ class GrpoLearner:
                     prox: torch.Tensor | None = None, loss_cfg: LossConfig | None = None,
                     with_ref: bool = True) -> tuple[torch.Tensor, LossStats]:
         loss_cfg = loss_cfg or self.cfg.loss
-        batch = _packed(samples, self.tokenizer.pad_id)
+        batch = self._packed(samples)
         temperatures = self._temperatures(samples)
         logp, entropy = response_logprobs(self.model, batch, with_entropy=self.cfg.with_entropy,
                                           temperature=temperatures)
@@ -220,6 +235,24 @@ class GrpoLearner:
             entropy = entropy.detach()
         return grpo_loss(logp, old, torch.tensor(advs, dtype=logp.dtype), batch.response_mask, loss_cfg,
                          ref_logp=ref, entropy=entropy, normalizer=float(max(normalizer, 1)), prox_logp=prox)
+
+    def _replayed(self, sample: Sample) -> list[tuple[int, np.ndarray[Any, Any]]] | None:
+        """The masks each of ``sample``'s grammars allowed at its tokens, replayed (None, logged, when its tokens
+        do not follow its grammar under this tokenizer: it was not decoded by this policy's endpoint)."""
+        blocks = []
+        try:
+            for g in sample.grammars:
+                compiled = compile_lark(self.tokenizer, g.lark, logits_width(self.model))
+                blocks.append((g.start, replay_allowed(compiled, sample.response_token_ids[g.start:g.end])))
+        except ValueError as exc:
+            log.warning("a constrained sample of %s left out of the loss: %s", sample.rollout_id, exc)
+            return None
+        return blocks
+
+    def _packed(self, samples: Sequence[Sample]) -> TokenBatch:
+        return pack([s.prompt_token_ids for s in samples], [s.response_token_ids for s in samples],
+                    self.tokenizer.pad_id, [s.loss_mask for s in samples],
+                    [self._grammar_masks.get(id(s), []) for s in samples])
 
     def _temperatures(self, samples: Sequence[Sample]) -> list[float]:
         """Each sample's own temperature (the published one where its span recorded none)."""
@@ -308,11 +341,6 @@ def train_top_layers(model: Any, n: int) -> int:
         for p in norm.parameters():
             p.requires_grad_(True)
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-def _packed(samples: Sequence[Sample], pad_id: int) -> TokenBatch:
-    return pack([s.prompt_token_ids for s in samples], [s.response_token_ids for s in samples], pad_id,
-                [s.loss_mask for s in samples])
 
 
 def trained_tokens(s: Sample) -> int:

@@ -148,6 +148,12 @@ def parameter_count(model: Any) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def logits_width(model: Any) -> int:
+    """The width of ``model``'s logits (a grammar's masks are this wide; it may exceed the tokenizer's size)."""
+    head = model.get_output_embeddings()
+    return int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
+
+
 def takes_logits_to_keep(model: Any) -> bool:
     """Whether ``model``'s forward takes ``logits_to_keep`` (Hugging Face causal LMs since transformers 4.45): the
     output layer is then computed for the last positions only."""

@@ -7,6 +7,13 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class GrammarSpan:
+    start: int
+    end: int
+    lark: str
+
+
+@dataclass(frozen=True)
 class Sample:
     rollout_id: str
     attempt_id: str
@@ -22,7 +29,11 @@ class Sample:
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
-    constrained: bool = False  # decoded under a grammar (a forced tool call)
+    constrained: bool = False  # decoded under a grammar (a forced tool call), in whole or in part
+    # Where it was: the response tokens [start, end) decoded under the grammar with this Lark text, as the span
+    # recorded it. The learner replays each grammar's masks and scores those tokens under them, as they were drawn;
+    # a constrained sample whose grammar was not recorded is left out of the loss (trainer/sampling.py).
+    grammars: tuple[GrammarSpan, ...] = ()
     # Trajectory mode (trainer/trajectories.py): 1 where a response token was sampled (it takes part in the loss),
     # 0 where it was not (tool results, template glue between turns); None: every response token was sampled.
     loss_mask: tuple[int, ...] | None = None

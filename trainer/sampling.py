@@ -14,7 +14,11 @@ Samples drawn from a distribution the learner cannot reproduce are **left out of
   greedy answers has no spread to learn from);
 * ``top_p``: top_p below 1, and ``top_k``: top_k above 0; the engine sampled from a truncated distribution
   whose support depends on the policy's own logits;
-* ``constrained``: decoded under a grammar (a forced tool call): the mask, not the policy, chose the form.
+* ``constrained``: decoded under a grammar (a forced tool call) whose text was not recorded with it. A forced
+  call's span records its grammar (``litstream.grammar``); the learner then replays the grammar's masks over the
+  response and scores each token under the masked, renormalised distribution it was drawn from, as the engines
+  report it, so forced calls train: the choices the grammar left open (which tool, its arguments) get the gradient,
+  the tokens it fixed get none.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ WHAT_TO_TRY = {
     "greedy": "sample with a temperature above 0 (or name none: the policy's default applies)",
     "top_p": "leave top_p at 1 in the agent's calls",
     "top_k": "leave top_k unset in the agent's calls",
-    "constrained": "let the model choose its tool calls (tool_choice 'auto') in training rollouts",
+    "constrained": "serve the policy with litstream's endpoint, which records each forced call's grammar",
 }
 
 
@@ -46,7 +50,7 @@ def why_left_out(sample: Sample, fallback_temperature: float) -> str | None:
         return "top_p"
     if sample.top_k is not None and sample.top_k > 0:
         return "top_k"
-    if sample.constrained:
+    if sample.constrained and not sample.grammars:
         return "constrained"
     return None
 

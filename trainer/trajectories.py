@@ -4,8 +4,9 @@ Per-call triplets (Agent Lightning 0.3's semantics) train each LLM call of an at
 call's prompt repeats the conversation so far. In trajectory mode, as verl's agent loop, SkyRL and Agent Lightning
 1.0 train, an attempt becomes one sequence: the first call's prompt, then every turn's response tokens with what
 came between them (tool results, the next user turn, the chat template's glue). Only the tokens the model sampled
-take part in the loss; the others are masked out, and so are the tokens of a turn decoded under a grammar (a forced
-tool call), whose log-probs the learner cannot reproduce.
+take part in the loss; the others are masked out. A turn decoded under a grammar (a forced tool call) keeps its
+grammar's span in the joined response, so the learner scores it under the grammar's masks; one whose grammar was not
+recorded is masked out too.
 
 A join needs each turn's prompt to start with exactly the previous turn's prompt and response tokens, as recorded.
 A template that re-renders the history differently (another split of the same text, a dropped reasoning block),
@@ -19,7 +20,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from .samples import Sample
+from .samples import GrammarSpan, Sample
 
 
 @dataclass
@@ -40,13 +41,14 @@ def join_turns(turns: Sequence[Sample]) -> Sample | str:
     if [t.index for t in turns] != list(range(len(turns))):
         return "missing turn"
     first = turns[0]
-    drawn = {(t.temperature, t.top_p, t.top_k) for t in turns if not t.constrained}
+    drawn = {(t.temperature, t.top_p, t.top_k) for t in turns if not t.constrained or t.grammars}  # the scored ones
     if len(drawn) > 1:
         return "turns drawn differently"
     sequence = list(first.prompt_token_ids)
     response: list[int] = []
     logprobs: list[float] = []
     mask: list[int] = []
+    grammars: list[GrammarSpan] = []
     for t in turns:
         prompt = list(t.prompt_token_ids)
         if prompt[: len(sequence)] != sequence:
@@ -56,9 +58,10 @@ def join_turns(turns: Sequence[Sample]) -> Sample | str:
             response += glue
             logprobs += [0.0] * len(glue)
             mask += [0] * len(glue)
+        grammars += [GrammarSpan(g.start + len(response), g.end + len(response), g.lark) for g in t.grammars]
         response += t.response_token_ids
         logprobs += t.response_logprobs
-        mask += [0 if t.constrained else 1] * len(t.response_token_ids)
+        mask += [0 if t.constrained and not t.grammars else 1] * len(t.response_token_ids)
         sequence = prompt + list(t.response_token_ids)
     if not any(mask):
         return "no sampled token"
@@ -70,7 +73,8 @@ def join_turns(turns: Sequence[Sample]) -> Sample | str:
     (temperature, top_p, top_k), = drawn or {(last.temperature, last.top_p, last.top_k)}
     return replace(first, response_token_ids=tuple(response), response_logprobs=tuple(logprobs),
                    loss_mask=tuple(mask), reward=rewarded[-1].reward, policy_version=min(versions) if versions else None,
-                   temperature=temperature, top_p=top_p, top_k=top_k, constrained=False, turns=len(turns))
+                   temperature=temperature, top_p=top_p, top_k=top_k, constrained=bool(grammars),
+                   grammars=tuple(grammars), turns=len(turns))
 
 
 def join_attempt(turns: Sequence[Sample], stats: JoinStats) -> list[Sample]:

@@ -31,7 +31,7 @@ from typing import Any
 from litstream.schemas.events import TripletEmitted
 from litstream.schemas.policy_versions import parse_policy_version
 
-from .samples import Sample
+from .samples import GrammarSpan, Sample
 from .trajectories import JoinStats, join_attempt
 
 
@@ -118,6 +118,9 @@ def to_sample(t: TripletEmitted, turn: bool = False) -> Sample:
     if t.reward is None and not turn:
         raise ValueError("triplet has no reward")
     drawn = drawn_with(t.metadata)
+    lark = t.metadata.get("grammar")
+    if drawn["constrained"] and isinstance(lark, str) and lark:
+        drawn["grammars"] = (GrammarSpan(0, len(t.response_token_ids), lark),)
     return Sample(rollout_id=t.meta.rollout_id, attempt_id=t.attempt_id, index=t.index, group_id=t.group_id,
                   policy_version=triplet_version(t), prompt_token_ids=tuple(t.prompt_token_ids),
                   response_token_ids=tuple(t.response_token_ids), response_logprobs=tuple(t.response_logprobs),
@@ -352,7 +355,8 @@ def _sample_of(saved: dict[str, Any]) -> Sample:
     return Sample(**{**saved, "prompt_token_ids": tuple(saved["prompt_token_ids"]),
                      "response_token_ids": tuple(saved["response_token_ids"]),
                      "response_logprobs": tuple(saved["response_logprobs"]),
-                     "loss_mask": tuple(mask) if mask is not None else None})
+                     "loss_mask": tuple(mask) if mask is not None else None,
+                     "grammars": tuple(GrammarSpan(**g) for g in saved.get("grammars", ()))})
 
 
 def _remember(seen: OrderedDict[Any, None], key: Any, capacity: int) -> None:

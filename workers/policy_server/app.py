@@ -124,7 +124,7 @@ class PolicyServer:
 
     def _answered_tools(self, plan: ToolPlan, call: Call, sampling: Sampling) -> ToolAnswer:
         tools = answer_tools(plan, self.backend.tool_template.form, [g.text for g in call.generations],
-                             constrained=sampling.grammar is not None)
+                             constrained=sampling.grammar is not None, grammar=sampling.grammar)
         self.stats["tool_calls"] += sum(len(tools.calls(i)) for i in range(len(call.generations)))
         self.stats["tool_calls_malformed"] += tools.malformed
         return tools

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from litstream.schemas.events import AttrValue
+from litstream.trainer.constrained import tool_call_lark
 from litstream.trainer.engines import Generation
 
 from .tool_calls import Parsed, ToolAnswer
@@ -242,6 +243,8 @@ def tool_attributes(call: Call, index: int) -> dict[str, AttrValue]:
         return {}
     attrs: dict[str, AttrValue] = {"gen_ai.request.tool_choice": tools.plan.choice,
                                    "litstream.constrained": tools.constrained}
+    if tools.grammar is not None:  # the learner replays its masks to score the call as it was drawn
+        attrs["litstream.grammar"] = tool_call_lark(tools.grammar)
     if tools.plan.tools:
         attrs["gen_ai.tool.definitions"] = json.dumps(tools.plan.definitions(), ensure_ascii=False)
     for n, turn in enumerate(tools.plan.turns):

@@ -403,6 +403,7 @@ class ToolAnswer:
     plan: ToolPlan
     parsed: list[Parsed | None]
     constrained: bool
+    grammar: ToolCallGrammar | None = None  # what a constrained call was decoded under
 
     def of(self, index: int) -> Parsed | None:
         return self.parsed[index] if index < len(self.parsed) else None
@@ -416,5 +417,6 @@ class ToolAnswer:
         return sum(p.malformed for p in self.parsed if p is not None)
 
 
-def answer_tools(plan: ToolPlan, form: CallForm, texts: Sequence[str], constrained: bool) -> ToolAnswer:
-    return ToolAnswer(plan, [plan.parse(t, form) for t in texts], constrained)
+def answer_tools(plan: ToolPlan, form: CallForm, texts: Sequence[str], constrained: bool,
+                 grammar: ToolCallGrammar | None = None) -> ToolAnswer:
+    return ToolAnswer(plan, [plan.parse(t, form) for t in texts], constrained, grammar)
