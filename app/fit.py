@@ -31,7 +31,7 @@ from litstream.schemas.codec import Codec
 from litstream.schemas.events import SpanRecorded
 from litstream.schemas.models import FINISHED, LLM, NamedResources, ProxyLLM, RolloutConfig
 from litstream.schemas.policy_versions import POLICY_RESOURCE, parse_policy_version, policy_resources_id
-from litstream.streams.span_attrs import reward_value
+from litstream.streams.span_attrs import reward_dimension_values, reward_value
 from litstream.streams.stateview import StateView
 from litstream.streams.views import ResourcesView, TopicFollower
 from litstream.trainer.algorithm import (
@@ -63,6 +63,7 @@ class RewardsView(TopicFollower):
 
     def __init__(self, settings: Settings, codec: Codec) -> None:
         self.rewards: dict[str, float] = {}
+        self.dimensions: dict[str, dict[str, float]] = {}  # a reward's other named dimensions (not the primary)
         self.resources_ids: dict[str, str] = {}  # the resources the attempt that emitted the reward ran with
         super().__init__(settings, f"{settings.topic_prefix}.spans", codec)
 
@@ -70,6 +71,7 @@ class RewardsView(TopicFollower):
         value = reward_value(span.name, span.attributes)
         if value is not None:
             self.rewards[span.meta.rollout_id] = value
+            self.dimensions[span.meta.rollout_id] = dict(list(reward_dimension_values(span.attributes).items())[1:])
             if span.resources_id:
                 self.resources_ids[span.meta.rollout_id] = span.resources_id
 
@@ -141,7 +143,7 @@ class StackDriver:
                 continue
             used = p.resources_id or self.rewards.resources_ids.get(rid)
             done.append(RolloutResult(rid, p.mode, str(p.status), reward, parse_policy_version(used), used,
-                                      p.data_id))
+                                      p.data_id, self.rewards.dimensions.get(rid, {})))
             del self.pending[rid]
         return done
 

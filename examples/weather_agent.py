@@ -1,10 +1,13 @@
 """A tool-using agent, written with the ``openai`` client: the answer comes only from its tool.
 
 Each task names a city and holds that city's temperature, which only the agent's tool knows (a number drawn
-at random for each task, so no model can know it). The agent offers ``get_temperature(city)`` and lets the
-model decide (``tool_choice`` left to its default, ``auto``); when the model calls the tool the agent runs it,
-sends the result back and asks again, for at most ``MAX_TURNS`` calls. The reward is 1.0 when the final answer
-holds the tool's number, else 0.0: a right answer needs a right call.
+at random for each task, so no model can know it). The agent offers ``get_temperature(city)``. Its first call
+requires a tool call (``tool_choice="required"``, as agents do when a task cannot be done without one: an
+untrained SmolLM2-135M never calls a tool on its own, docs/training.md); the model still chooses the arguments.
+The agent runs each call, sends the result back and asks again (``auto``: answer or call again), for at most
+``MAX_TURNS`` calls. Its reward has two dimensions: ``answer`` (the primary, what GRPO trains on) is 1.0 when
+the final answer holds the tool's number, and ``tool_call`` is 1.0 when a call reached the city's weather
+station; validation reports both.
 
     python -m examples.weather_agent data          # examples/data/weather_{train,val}.jsonl
     litstream train --agent examples.weather_agent:weather_agent --model smollm2 \\
@@ -23,6 +26,7 @@ from typing import Any
 import openai
 
 from examples.arithmetic_agent import DATA_DIR, write_jsonl
+from litstream.workers.emitters import emit_reward, tool_span
 
 MAX_TURNS = 3
 MAX_TOKENS = 48  # a call or a short answer
@@ -61,23 +65,28 @@ def reward(task: dict[str, Any], answer: str) -> float:
     return 1.0 if str(task["temperature"]) in re.findall(r"-?\d+", answer) else 0.0
 
 
-def weather_agent(task: dict[str, Any], llm: Any) -> float:
-    """The tool loop: ask, run the calls the model makes, send their results, ask again; the final answer's
-    reward."""
+def weather_agent(task: dict[str, Any], llm: Any) -> None:
+    """The tool loop: ask (a call required the first time), run the calls the model makes, send their results,
+    ask again; then the reward's two dimensions."""
     client = openai.OpenAI(base_url=llm.endpoint, api_key=llm.api_key or "unused", max_retries=2)
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
                                       {"role": "user", "content": f"What is the temperature in {task['city']} now?"}]
-    for _ in range(MAX_TURNS):
+    answer, reached = "", False
+    for turn in range(MAX_TURNS):
         reply = client.chat.completions.create(model=llm.model, messages=messages,  # type: ignore[arg-type]
-                                               tools=TOOLS, max_tokens=MAX_TOKENS)  # type: ignore[arg-type]
+                                               tools=TOOLS, tool_choice="required" if turn == 0 else "auto",  # type: ignore[arg-type]
+                                               max_tokens=MAX_TOKENS)
         message = reply.choices[0].message
         if not message.tool_calls:
-            return reward(task, message.content or "")
+            answer = message.content or ""
+            break
         messages.append(message.model_dump(exclude_none=True))
         for call in message.tool_calls:
-            messages.append({"role": "tool", "tool_call_id": call.id,
-                             "content": run_tool(task, call.function.name, call.function.arguments)})
-    return 0.0
+            with tool_span(call.function.name, call.function.arguments, call_id=call.id) as span:
+                result = span.result(run_tool(task, call.function.name, call.function.arguments))
+            reached = reached or not result.startswith("error")
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+    emit_reward({"answer": reward(task, answer), "tool_call": float(reached)}, primary_key="answer")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -108,6 +108,20 @@ def _json(raw: str) -> Any:
         return None
 
 
+def reward_dimension_values(attributes: Attributes) -> dict[str, float]:
+    """Each named dimension of an ``agentlightning.reward`` list with its value, the primary first ({} when the
+    span holds none): ``emit_reward({"answer": 1.0, "tool_call": 1.0}, primary_key="answer")``'s two."""
+    if not any(k.startswith(REWARD_PREFIX) for k in attributes):
+        return {}
+    dims = under(attributes, REWARD_PREFIX)
+    out: dict[str, float] = {}
+    for dim in dims if isinstance(dims, list) else []:
+        value = _number(dim.get("value")) if isinstance(dim, dict) else None
+        if value is not None and isinstance(dim.get("name"), str):
+            out.setdefault(dim["name"], value)
+    return out
+
+
 def reward_value(name: str, attributes: Attributes) -> float | None:
     """The reference's ``get_reward_value``: (1) ``agentlightning.reward.*`` dimensions, the first is primary;
     (2) an AgentOps output ``{"type": "reward", "value": x}``; (3) a legacy ``reward`` on an annotation span."""

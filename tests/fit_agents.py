@@ -33,3 +33,10 @@ def zero_agent(task: dict[str, Any], llm: Any) -> float:
     """Calls the policy (so its rollouts become triplets) and scores every answer 0: no learning signal."""
     copy_agent(task, llm)
     return 0.0
+
+
+def two_dimension_agent(task: dict[str, Any], llm: Any) -> None:
+    """``copy_agent``'s reward as the primary dimension ``copy``, and a second one, ``one``, always 1.0."""
+    from litstream.workers.emitters import emit_reward
+
+    emit_reward({"copy": copy_agent(task, llm), "one": 1.0}, primary_key="copy")

@@ -84,7 +84,7 @@ def joined(shared_stack: Stack) -> Iterator[Callable[..., Trainer]]:
 def test_fit_makes_n_times_group_size_training_rollouts_and_validates_each_version(tmp_path: Path) -> None:
     algorithm = GRPO(group_size=2, groups_per_step=1, passes=1, val_every=1, window_seconds=5.0, in_flight=4)
     summary = Trainer(algorithm=algorithm, n_runners=1, concurrency=4, settings=_settings(tmp_path),
-                      quiet=True).fit("tests.fit_agents:copy_agent", TASKS, VAL_TASKS)
+                      quiet=True).fit("tests.fit_agents:two_dimension_agent", TASKS, VAL_TASKS)
     train = algorithm.history.train
     assert sum(len(rs) for rs in train.values()) == len(TASKS) * 2
     assert summary.failed == 0
@@ -93,6 +93,9 @@ def test_fit_makes_n_times_group_size_training_rollouts_and_validates_each_versi
     for rewards in algorithm.history.val.values():
         assert len(rewards) == len(VAL_TASKS)
     assert summary.rollouts == len(TASKS) * 2 + len(VAL_TASKS) * len(summary.val_reward_by_version)
+    # The reward's other dimension is validated beside it.
+    v0 = summary.extra["validation"]["0"]
+    assert v0["dimensions"] == {"one": {"mean": 1.0, "se": 0.0}} and 0.0 <= v0["mean"] <= 1.0
 
 
 @pytest.mark.timeout(900)

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from litstream.schemas.events import EventMeta, SpanRecorded
-from litstream.streams.span_attrs import reward_value, unflatten
+from litstream.streams.span_attrs import reward_dimension_values, reward_value, unflatten
 from litstream.streams.trace_tree import VIRTUAL_ROOT, RewardMatchPolicy, TraceSpan, TraceTree
 from litstream.streams.triplet_adapter import LlmProxyTraceToTriplet, TracerTraceToTriplet, trace_spans
 
@@ -49,6 +49,9 @@ def test_one_call_and_its_reward() -> None:
     [versioned] = TracerTraceToTriplet().adapt([*spans[:1], llm("c1", "root", 10, 20, **{
         "litstream.policy.version": 4}), spans[2]]).usable
     assert versioned.metadata["policy_version"] == 4
+    [forced] = TracerTraceToTriplet().adapt([*spans[:1], llm("c1", "root", 10, 20, **{
+        "litstream.constrained": True, "litstream.grammar": "start: call\n"}), spans[2]]).usable
+    assert forced.metadata["constrained"] is True and forced.metadata["grammar"] == "start: call\n"
 
 
 def test_lost_parent_becomes_a_virtual_span_and_several_roots_a_virtual_root() -> None:
@@ -289,4 +292,8 @@ def test_reward_readers() -> None:
     assert reward_value("x", {"agentops.task.output": json.dumps({"type": "reward", "value": 0.3})}) == 0.3
     assert reward_value("agentlightning.annotation", {"reward": 2}) == 2.0
     assert reward_value("agentlightning.reward", {"reward": 2.0}) is None  # the 0.2 format, as in 0.3.0
+    two = {"agentlightning.reward.0.name": "task", "agentlightning.reward.0.value": 0.7,
+           "agentlightning.reward.1.name": "speed", "agentlightning.reward.1.value": 0.1}
+    assert list(reward_dimension_values(two).items()) == [("task", 0.7), ("speed", 0.1)]
+    assert reward_dimension_values({"reward": 2.0}) == {}
     assert unflatten({"a.0": 1, "a.1": 2, "b.2": 3}) == {"a": [1, 2], "b": {"2": 3}}

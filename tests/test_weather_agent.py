@@ -23,3 +23,4 @@ def test_the_reward_needs_the_tools_number_as_a_whole_number() -> None:
 def test_the_datasets_are_fixed_by_their_seeds() -> None:
     assert wa.make_dataset(5, 0) == wa.make_dataset(5, 0) != wa.make_dataset(5, 1)
     assert all(t["city"] in wa.CITIES and -9 <= t["temperature"] <= 39 for t in wa.make_dataset(50, 0))
+

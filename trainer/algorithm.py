@@ -60,6 +60,7 @@ class RolloutResult:
     version: int | None
     resources_id: str | None
     data_id: str | None = None
+    dimensions: dict[str, float] = field(default_factory=dict)  # the reward's other named dimensions
 
 
 @dataclass(frozen=True)
@@ -298,6 +299,8 @@ class GRPO(Algorithm):
         self._val_of: dict[str, int] = {}  # validation rollout -> version
         self.val_ids: set[str] = set()  # every validation rollout of the run
         self._val_rewards: dict[int, dict[str, list[float]]] = {}  # version -> task -> rewards
+        self._val_dims: dict[int, dict[str, dict[str, list[float]]]] = {}  # version -> dimension -> task -> values
+        self.val_dimensions: dict[int, dict[str, ValEstimate]] = {}  # the reward's other dimensions, validated
         self._val_pending: dict[int, int] = {}  # version -> validation rollouts not back yet
         self._warned_val = False
         self._last_rollout: str | None = None
@@ -403,6 +406,8 @@ class GRPO(Algorithm):
         self._last_rollout = r.rollout_id
         if version is not None:
             self._val_rewards.setdefault(version, {}).setdefault(r.data_id or "", []).append(r.reward or 0.0)
+            for name, value in r.dimensions.items():
+                self._val_dims.setdefault(version, {}).setdefault(name, {}).setdefault(r.data_id or "", []).append(value)
             self._val_pending[version] -= 1
             if self._val_pending[version] == 0:
                 self._val_done(driver, version)
@@ -447,8 +452,12 @@ class GRPO(Algorithm):
         if est is None:
             return
         self.val_estimates[version] = est
+        dims = {name: e for name, by_task in self._val_dims.get(version, {}).items()
+                if (e := val_estimate(by_task)) is not None}
+        self.val_dimensions[version] = dims
         best = best_version(self.val_estimates)
-        driver.show(f"v{version}: validation reward {est.text()}" + (" (best so far)" if best == version else ""))
+        driver.show(f"v{version}: validation reward {est.text()}" + (" (best so far)" if best == version else "")
+                    + "".join(f"; {name} {e.mean:.3f} ± {_se_text(e)}" for name, e in dims.items()))
         warning = val_warning(est)
         if warning and not self._warned_val:
             self._warned_val = True
@@ -580,11 +589,20 @@ class GRPO(Algorithm):
         return {"best": self.best, "stopped": self.stopped, "no_signal": self.no_signal,
                 "fallbacks": list(self.fallbacks), "left_out": self.watch.left_out,
                 "warnings": list(self.warnings), "settings": self.settings_text(),
-                "validation": {str(v): {"mean": round(e.mean, 4), "se": round(e.se, 4) if e.se != float("inf")
-                                        else None, "tasks": e.tasks, "samples": e.samples}
+                "validation": {str(v): {**_estimate_dict(e), "tasks": e.tasks, "samples": e.samples}
+                               | ({"dimensions": {n: _estimate_dict(d) for n, d in self.val_dimensions[v].items()}}
+                                  if self.val_dimensions.get(v) else {})
                                for v, e in sorted(self.val_estimates.items())},
                 "windows": [{"version": w.version, "groups": w.groups, "flat": w.flat,
                              "spread": round(w.spread, 4), "reward": round(w.reward_mean, 4)} for w in self.signals]}
+
+
+def _estimate_dict(e: ValEstimate) -> dict[str, float | None]:
+    return {"mean": round(e.mean, 4), "se": round(e.se, 4) if e.se != float("inf") else None}
+
+
+def _se_text(e: ValEstimate) -> str:
+    return "n/a" if e.se == float("inf") else f"{e.se:.3f}"
 
 
 class _DriftWatch:
