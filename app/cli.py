@@ -496,6 +496,9 @@ def process_triplets() -> None:
 @click.option("--train-top-layers", type=click.IntRange(min=0), default=None,
               help="Train only the top N transformer blocks and the final norm; the embeddings, the output layer and "
                    "the blocks below are frozen (default, or 0: every parameter trains).")
+@click.option("--lora-rank", type=click.IntRange(min=1), default=None,
+              help="Train LoRA adapters of this rank on every linear layer of the blocks instead of the model's "
+                   "weights (--train-top-layers then does not apply); checkpoints hold the merged weights.")
 @click.option("--temperature", default=1.0, show_default=True,
               help="Sampling temperature published with each version (agents that read sampling_parameters use it).")
 @click.option("--max-tokens", default=None, type=int,
@@ -516,7 +519,7 @@ def process_triplets() -> None:
 def process_trainer(policy: str, checkpoints: Path | None, group_size: int, groups_per_step: int,
                     window_seconds: float | None, max_staleness: int, lr: float, lr_schedule: str, kl_beta: float,
                     epochs: int, entropy_coef: float, lr_by_signal: bool, entropy_fade: bool,
-                    train_top_layers: int | None, temperature: float,
+                    train_top_layers: int | None, lora_rank: int | None, temperature: float,
                     max_tokens: int | None, keep_every: int | None, max_steps: int | None, vllm_url: str | None,
                     watch_kl: bool, trajectories: bool, restore: Path | None, seed: int) -> None:
     """The GRPO trainer: triplets topic -> windows -> update -> checkpoint -> policy-vN on the resources topic."""
@@ -534,7 +537,8 @@ def process_trainer(policy: str, checkpoints: Path | None, group_size: int, grou
                         sampling={"temperature": temperature, "max_tokens": tokens},
                         learner=LearnerConfig(lr=lr, epochs=epochs, lr_schedule=lr_schedule, total_steps=max_steps,
                                               entropy_fade=entropy_fade, lr_by_signal=lr_by_signal,
-                                              train_top_layers=train_top_layers or None, watch_kl=watch_kl,
+                                              train_top_layers=train_top_layers or None, lora_rank=lora_rank,
+                                              watch_kl=watch_kl,
                                               loss=LossConfig(kl_beta=kl_beta, entropy_coef=entropy_coef)))
     _serve(lambda: run(load_settings(), cfg))
 

@@ -40,7 +40,7 @@ def _algorithm(name: str, opts: dict[str, Any]) -> Algorithm:
                 val_every=opts["val_every"], val_samples=opts["val_samples"],
                 patience=opts["patience"] or None, lr=opts["lr"], lr_schedule=opts["lr_schedule"],
                 ppo_epochs=opts["epochs"], entropy_coef=opts["entropy_coef"], temperature=opts["temperature"],
-                train_top_layers=opts["train_top_layers"],
+                train_top_layers=opts["train_top_layers"], lora_rank=opts["lora_rank"],
                 max_tokens=opts["max_tokens"], max_staleness=opts["max_staleness"], seed=opts["seed"],
                 trajectories=opts["trajectories"])
 
@@ -93,6 +93,10 @@ def _per_model(field: str, fmt: str = "{}") -> str:
               help="GRPO: train only the top N transformer blocks and the final norm, the rest frozen; 0: every "
                    f"parameter (default per model: smollm2 {SMOLLM2.train_top_layers} of its 30, tiny and other "
                    "Hugging Face models 0).")
+@click.option("--lora-rank", type=click.IntRange(min=1), default=None,
+              help="GRPO: train LoRA adapters of this rank on every linear layer of the blocks instead of the "
+                   "model's weights (--train-top-layers then does not apply); checkpoints hold the merged weights "
+                   "(default: off).")
 @click.option("--temperature", type=float, default=None,
               help="GRPO: sampling temperature published with each version, for agents that read "
                    f"llm.sampling_parameters {_per_model('temperature', '{:g}')}.")

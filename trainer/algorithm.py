@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from litstream.schemas.models import NamedResources, PromptTemplate
 from litstream.schemas.policy_versions import parse_policy_version, policy_resources_id
 
-from .defaults import check_lr, defaults_for
+from .defaults import check_lr, defaults_for, with_lora_lr
 from .sampling import left_out_text
 from .signals import (
     TRY_WHEN_DEGRADING,
@@ -234,6 +234,8 @@ class GRPO(Algorithm):
     # Train only the top N transformer blocks and the final norm (LearnerConfig.train_top_layers); 0: every
     # parameter; None: the model's default
     train_top_layers: int | None = None
+    # LoRA adapters of this rank train in place of the model's weights (LearnerConfig.lora_rank); None: off
+    lora_rank: int | None = None
     lr_schedule: str = "constant"  # constant | cosine | linear, over max_versions (LearnerConfig)
     temperature: float | None = None  # published with each version; agents that read sampling_parameters use it
     max_tokens: int | None = None  # published with each version, as temperature
@@ -268,6 +270,8 @@ class GRPO(Algorithm):
     def __post_init__(self) -> None:
         super().__init__()
         d = defaults_for(self.model)
+        if self.lora_rank:
+            d = with_lora_lr(d)
         for name, value in (("group_size", d.group_size), ("groups_per_step", d.groups_per_step), ("lr", d.lr),
                             ("ppo_epochs", d.epochs), ("entropy_coef", d.entropy_coef),
                             ("temperature", d.temperature), ("max_tokens", d.max_tokens),
@@ -278,7 +282,9 @@ class GRPO(Algorithm):
             self.watch_drift = d.pretrained
         if int(self.train_top_layers or 0) < 0:
             raise ValueError(f"train_top_layers must be 0 (every parameter) or more, not {self.train_top_layers}")
-        verdict = check_lr(self.model, float(self.lr or 0.0))
+        if self.lora_rank is not None and self.lora_rank < 1:
+            raise ValueError(f"lora_rank must be at least 1, not {self.lora_rank}")
+        verdict = check_lr(self.model, float(self.lr or 0.0), lora=bool(self.lora_rank))
         if verdict is not None and verdict[0] == "refuse":
             raise ValueError(verdict[1])
         self.warnings: list[str] = [verdict[1]] if verdict is not None else []
@@ -322,7 +328,8 @@ class GRPO(Algorithm):
 
     def settings_text(self) -> str:
         scaled = ", scaled by the share of groups with signal" if self.lr_by_signal else ""
-        trained = (f"the top {self.train_top_layers} transformer blocks trained" if self.train_top_layers
+        trained = (f"LoRA adapters of rank {self.lora_rank} trained" if self.lora_rank
+                   else f"the top {self.train_top_layers} transformer blocks trained" if self.train_top_layers
                    else "every parameter trained")
         return (f"{self.model}: lr {self.lr:g} ({self.lr_schedule}{scaled}), {trained}, "
                 f"{self.group_size} rollouts per group, "
@@ -340,6 +347,7 @@ class GRPO(Algorithm):
                 *(["--entropy-fade"] if self.entropy_fade else []),
                 *(["--lr-by-signal"] if self.lr_by_signal else []),
                 *(["--train-top-layers", str(self.train_top_layers)] if self.train_top_layers else []),
+                *(["--lora-rank", str(self.lora_rank)] if self.lora_rank else []),
                 *(["--watch-kl"] if self.watch_drift else []),
                 *(["--trajectories"] if self.trajectories else []),
                 *(["--keep-every", str(self.val_every)] if self.val_every else []),

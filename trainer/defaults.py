@@ -60,10 +60,23 @@ def defaults_for(model: str) -> ModelDefaults:
     return replace(SMOLLM2, model=model, train_top_layers=None)  # its blocks are not SmolLM2's: all of them train
 
 
-def check_lr(model: str, lr: float) -> tuple[str, str] | None:
+# LoRA's learning rate, as a multiple of the model's full fine-tuning one: low-rank updates move the weights less
+# per step, and LoRA's best learning rate is measured at about ten times full fine-tuning's across model sizes
+# (Schulman et al., "LoRA Without Regret", 2025). The refuse and warn bounds scale with it.
+LORA_LR_FACTOR = 10.0
+
+
+def with_lora_lr(d: ModelDefaults) -> ModelDefaults:
+    """``d`` with its learning rate and bounds for LoRA training."""
+    scale = LORA_LR_FACTOR
+    return replace(d, lr=d.lr * scale, max_lr=d.max_lr * scale if d.max_lr is not None else None,
+                   warn_lr=d.warn_lr * scale if d.warn_lr is not None else None)
+
+
+def check_lr(model: str, lr: float, lora: bool = False) -> tuple[str, str] | None:
     """``("refuse", why)`` for a learning rate that would wreck the model, ``("warn", why)`` for one well above
-    its default, None when it is fine."""
-    d = defaults_for(model)
+    its default, None when it is fine (under LoRA, against LoRA's default and bounds)."""
+    d = with_lora_lr(defaults_for(model)) if lora else defaults_for(model)
     kind = "a pretrained model" if d.pretrained else "this model"
     if lr <= 0:
         return "refuse", f"learning rate {lr:g}: it must be positive"

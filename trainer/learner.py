@@ -13,9 +13,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import load_checkpoint, load_weights_into, save_checkpoint
 from .constrained import compile_lark, replay_allowed
 from .grpo import LossConfig, LossStats, TokenBatch, group_advantages, grpo_loss, pack, response_logprobs
+from .lora import has_lora, servable, with_lora
 from .policy import logits_width
 from .samples import Sample
 from .sampling import left_out_counts, temperature_of, why_left_out
@@ -62,6 +63,10 @@ class LearnerConfig:
     # output layer and the blocks below are frozen: they get no gradient, the optimizer does not hold them, and
     # backward stops at the lowest trained block (trainable_top_layers).
     train_top_layers: int | None = None
+    # LoRA (trainer/lora.py): adapters of this rank on every linear layer of the blocks train in place of the
+    # model's weights (train_top_layers then does not apply); None: off. Alpha None: twice the rank.
+    lora_rank: int | None = None
+    lora_alpha: int | None = None
     # Measure the KL to the starting policy (k3) on each step's first micro-batch even without a KL penalty:
     # how far the policy has moved, for the run's drift check (signals.drift_problem). One extra forward pass.
     watch_kl: bool = False
@@ -98,15 +103,17 @@ class GrpoLearner:
     def __init__(self, model: Any, tokenizer: Tokenizer, cfg: LearnerConfig | None = None,
                  ref_model: Any | None = None, version: int = 0, step: int = 0) -> None:
         self.cfg = cfg or LearnerConfig()
-        self.model = model
         self.tokenizer = tokenizer
         self.version = version
         self.step_count = step
-        if self.cfg.train_top_layers is not None:
-            train_top_layers(model, self.cfg.train_top_layers)
-        self.reset_optimizer()
         if ref_model is None and (self.cfg.loss.kl_beta > 0 or self.cfg.watch_kl):
             ref_model = copy.deepcopy(model)  # the policy as it is now is the reference
+        if self.cfg.lora_rank is not None:
+            model = with_lora(model, self.cfg.lora_rank, self.cfg.lora_alpha)
+        elif self.cfg.train_top_layers is not None:
+            train_top_layers(model, self.cfg.train_top_layers)
+        self.model = model
+        self.reset_optimizer()
         self.ref_model = ref_model
         # This step's constrained samples: the grammar masks their tokens were drawn under (by id of the sample).
         self._grammar_masks: dict[int, list[tuple[int, np.ndarray[Any, Any]]]] = {}
@@ -277,8 +284,23 @@ class GrpoLearner:
 
     def save(self, root: str | Path, keep_last: int | None = 3, extra: dict[str, Any] | None = None,
              keep_every: int | None = None) -> Path:
-        return save_checkpoint(root, self.model, self.tokenizer, self.version, step=self.step_count,
-                               optimizer=self.optimizer, extra=extra, keep_last=keep_last, keep_every=keep_every)
+        # With LoRA the checkpoint holds the merged weights, and no optimizer state: a resumed run starts fresh
+        # adapters on them (trainer/lora.py), which the saved moments would not fit.
+        lora = has_lora(self.model)
+        return save_checkpoint(root, servable(self.model), self.tokenizer, self.version, step=self.step_count,
+                               optimizer=None if lora else self.optimizer, extra=extra, keep_last=keep_last,
+                               keep_every=keep_every)
+
+    def restore_weights(self, source: str | Path) -> None:
+        """The weights of checkpoint ``source`` in place of the model's (fresh adapters under LoRA), with a fresh
+        optimizer: its moments belong to the weights left behind."""
+        if has_lora(self.model):
+            base = self.model.unload()  # the adapters removed, not merged
+            load_weights_into(base, source)
+            self.model = with_lora(base, int(self.cfg.lora_rank or 1), self.cfg.lora_alpha)
+        else:
+            load_weights_into(self.model, source)
+        self.reset_optimizer()
 
     @classmethod
     def resume(cls, path: str | Path, cfg: LearnerConfig | None = None, ref_model: Any | None = None,

@@ -156,7 +156,11 @@ def logits_width(model: Any) -> int:
 
 def takes_logits_to_keep(model: Any) -> bool:
     """Whether ``model``'s forward takes ``logits_to_keep`` (Hugging Face causal LMs since transformers 4.45): the
-    output layer is then computed for the last positions only."""
+    output layer is then computed for the last positions only. A model under LoRA adapters passes it on to the
+    model beneath."""
+    get_base = getattr(model, "get_base_model", None)
+    if callable(get_base) and hasattr(model, "peft_config"):
+        model = get_base()
     forward = getattr(model, "forward", None)
     try:
         return forward is not None and "logits_to_keep" in inspect.signature(forward).parameters

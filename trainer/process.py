@@ -37,7 +37,7 @@ from litstream.streams.consume_loop import ConsumeLoop, Fetch, Offsets, Record, 
 from litstream.streams.deadletter import DeadLetters, Rejected
 
 from . import toy_task
-from .checkpoint import checkpoint_extra, latest_checkpoint, load_weights_into
+from .checkpoint import checkpoint_extra, latest_checkpoint
 from .engines import VllmEngine
 from .learner import GrpoLearner, LearnerConfig, StepStats
 from .policy import PolicyKind, build_policy
@@ -131,8 +131,7 @@ class TrainerProcess(Work[TripletEmitted]):
     def _restore(self, source: Path) -> None:
         """Load ``source``'s weights (a fresh optimizer: its moments belong to the weights left behind) and save
         them as the next version, published once the process runs."""
-        load_weights_into(self.learner.model, source)
-        self.learner.reset_optimizer()
+        self.learner.restore_weights(source)
         self.learner.version += 1
         self.windower.set_version(self.learner.version)
         self.path = self._save()
