@@ -72,6 +72,7 @@ def test_each_emitter_writes_its_span(settings: Settings) -> None:
         emit_reward({"acc": 1, "brevity": 0.25, "safe": True}, primary_key="brevity",
                     attributes={**make_tag_attributes(["fast"]), **make_link_attributes({"gen_ai.response.id": "r-1"}),
                                 "judge": {"name": "exact", "version": 2}})
+        assert ctx.last_reward == 0.25  # the primary value, for the runner's progress line
         emit_annotation({"note": {"text": "checked", "scores": [0.5, 0.75]}})
         emit_message("hello", {"channel": "stdout"})
         emit_object({"a": [1, 2], "b": None})

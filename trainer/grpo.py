@@ -65,6 +65,11 @@ class TokenBatch:
     # tokens the grammar allowed there [N, V]; scored under the masked, renormalised distribution they were drawn from.
     allowed: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
+    def to(self, device: torch.device | str) -> TokenBatch:
+        allowed = tuple(t.to(device) for t in self.allowed) if self.allowed is not None else None
+        return TokenBatch(self.input_ids.to(device), self.attention_mask.to(device), self.prompt_lens.to(device),
+                          self.response_mask.to(device), self.response_ids.to(device), allowed)  # type: ignore[arg-type]
+
 
 def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int,
          loss_masks: Sequence[Sequence[int] | None] | None = None,

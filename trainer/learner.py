@@ -6,6 +6,7 @@ import copy
 import logging
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,10 @@ class LearnerConfig:
     # model's weights (train_top_layers then does not apply); None: off. Alpha None: twice the rank.
     lora_rank: int | None = None
     lora_alpha: int | None = None
+    # Where the learner trains ("cuda" on a GPU) and at what precision: "bf16" runs the forward and backward passes
+    # under bfloat16 autocast, the weights and the optimizer staying float32 (the checkpoints too).
+    device: str = "cpu"
+    precision: str = "fp32"
     # Measure the KL to the starting policy (k3) on each step's first micro-batch even without a KL penalty:
     # how far the policy has moved, for the run's drift check (signals.drift_problem). One extra forward pass.
     watch_kl: bool = False
@@ -103,6 +108,10 @@ class GrpoLearner:
     def __init__(self, model: Any, tokenizer: Tokenizer, cfg: LearnerConfig | None = None,
                  ref_model: Any | None = None, version: int = 0, step: int = 0) -> None:
         self.cfg = cfg or LearnerConfig()
+        if self.cfg.precision not in ("fp32", "bf16"):
+            raise ValueError(f"precision must be fp32 or bf16, not {self.cfg.precision!r}")
+        self.device = torch.device(self.cfg.device)
+        model = model.to(self.device)
         self.tokenizer = tokenizer
         self.version = version
         self.step_count = step
@@ -191,8 +200,9 @@ class GrpoLearner:
         out = []
         for idx in batches:
             batch = self._packed([samples[i] for i in idx])
-            out.append(response_logprobs(self.model, batch, temperature=self._temperatures(
-                [samples[i] for i in idx]))[0])
+            with self._autocast():
+                out.append(response_logprobs(self.model, batch, temperature=self._temperatures(
+                    [samples[i] for i in idx]))[0])
         return out
 
     def _update(self, samples: list[Sample], advs: list[float], batches: list[list[int]], total_tokens: int,
@@ -225,8 +235,9 @@ class GrpoLearner:
         loss_cfg = loss_cfg or self.cfg.loss
         batch = self._packed(samples)
         temperatures = self._temperatures(samples)
-        logp, entropy = response_logprobs(self.model, batch, with_entropy=self.cfg.with_entropy,
-                                          temperature=temperatures)
+        with self._autocast():
+            logp, entropy = response_logprobs(self.model, batch, with_entropy=self.cfg.with_entropy,
+                                              temperature=temperatures)
         old = torch.zeros_like(logp)
         for b, s in enumerate(samples):
             n = len(s.response_token_ids)
@@ -236,12 +247,24 @@ class GrpoLearner:
                 old[b, :n] = logp[b, :n].detach()
         ref = None
         if self.ref_model is not None and (loss_cfg.kl_beta > 0 or with_ref):  # a penalty needs it everywhere
-            with torch.no_grad():
+            with torch.no_grad(), self._autocast():
                 ref, _ = response_logprobs(self.ref_model, batch, temperature=temperatures)
         if entropy is not None and not loss_cfg.entropy_coef:
             entropy = entropy.detach()
-        return grpo_loss(logp, old, torch.tensor(advs, dtype=logp.dtype), batch.response_mask, loss_cfg,
+        return grpo_loss(logp, old, torch.tensor(advs, dtype=logp.dtype, device=logp.device), batch.response_mask, loss_cfg,
                          ref_logp=ref, entropy=entropy, normalizer=float(max(normalizer, 1)), prox_logp=prox)
+
+    @torch.no_grad()
+    def score(self, samples: Sequence[Sample]) -> torch.Tensor:
+        """The policy's log-probs [B, R] of each sample's response tokens, as the loss sees them (each at its own
+        temperature, under its grammar's masks, on the learner's device and precision), as float32 on the CPU."""
+        self._grammar_masks = {id(s): m for s in samples if s.grammars and (m := self._replayed(s)) is not None}
+        try:
+            with self._autocast():
+                logp, _ = response_logprobs(self.model, self._packed(samples), temperature=self._temperatures(samples))
+        finally:
+            self._grammar_masks = {}
+        return logp.float().cpu()
 
     def _replayed(self, sample: Sample) -> list[tuple[int, np.ndarray[Any, Any]]] | None:
         """The masks each of ``sample``'s grammars allowed at its tokens, replayed (None, logged, when its tokens
@@ -259,7 +282,12 @@ class GrpoLearner:
     def _packed(self, samples: Sequence[Sample]) -> TokenBatch:
         return pack([s.prompt_token_ids for s in samples], [s.response_token_ids for s in samples],
                     self.tokenizer.pad_id, [s.loss_mask for s in samples],
-                    [self._grammar_masks.get(id(s), []) for s in samples])
+                    [self._grammar_masks.get(id(s), []) for s in samples]).to(self.device)
+
+    def _autocast(self) -> AbstractContextManager[Any]:
+        if self.cfg.precision == "bf16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return nullcontext()
 
     def _temperatures(self, samples: Sequence[Sample]) -> list[float]:
         """Each sample's own temperature (the published one where its span recorded none)."""

@@ -130,7 +130,9 @@ def emit_reward(reward: float | Mapping[str, float], *, primary_key: str | None 
     >>> emit_reward({"task": 1.0, "efficiency": 0.8}, primary_key="task", attributes=make_tag_attributes(["fast"]))
     """
     attrs = _merge(reward_attributes(reward, primary_key), attributes)
-    return _record(_require_context("emit_reward"), ANNOTATION_SPAN, attrs)
+    ctx = _require_context("emit_reward")
+    ctx.note_reward(reward, primary_key)
+    return _record(ctx, ANNOTATION_SPAN, attrs)
 
 
 def emit_annotation(annotation: Mapping[str, Any]) -> SpanHandle:

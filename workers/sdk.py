@@ -234,13 +234,17 @@ class AttemptContext:
         if self._beats.due_for(self.rollout_id, self.attempt_id) is not None:
             self._send_heartbeat()
 
-    def emit_reward(self, value: float | dict[str, float], primary_key: str | None = None) -> None:
-        """Record a reward as the reference does: an ``agentlightning.annotation`` span (see emitters.py)."""
-        if isinstance(value, dict):
+    def note_reward(self, value: float | Mapping[str, float], primary_key: str | None = None) -> None:
+        """Remember a reward's primary value for the runner's progress line."""
+        if isinstance(value, Mapping):
             primary = value.get(primary_key) if primary_key else next(iter(value.values()), None)
             self.last_reward = float(primary) if isinstance(primary, (int, float)) else None
         else:
             self.last_reward = float(value)
+
+    def emit_reward(self, value: float | dict[str, float], primary_key: str | None = None) -> None:
+        """Record a reward as the reference does: an ``agentlightning.annotation`` span (see emitters.py)."""
+        self.note_reward(value, primary_key)
         with self.span(ANNOTATION_SPAN, reward_attributes(value, primary_key)) as handle:
             handle.status_code = "OK"
 
