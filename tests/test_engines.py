@@ -20,9 +20,11 @@ from litstream.schemas.events import NamedResourceRecord
 from litstream.schemas.models import LLM
 from litstream.trainer.checkpoint import save_checkpoint
 from litstream.trainer.engines import (
+    MIN_SHARED_PREFIX,
     InferenceEngine,
     TorchEngine,
     VllmEngine,
+    common_prefix_length,
     engine_for_resource,
     parse_choice,
     start_vllm_server,
@@ -84,6 +86,28 @@ def test_the_prompt_pass_computes_the_last_positions_logits_only_and_samples_the
     b = eng.generate(PROMPTS, 6, temperature=0.7, seed=3)
     assert [g.token_ids for g in a] == [g.token_ids for g in b]
     assert [g.logprobs for g in a] == [pytest.approx(g.logprobs, abs=1e-6) for g in b]
+
+
+def test_a_prefix_every_prompt_shares_is_computed_once_and_samples_the_same() -> None:
+    """An agent's calls share their system prompt and tool definitions: the prefix's pass runs once and its cache is
+    repeated; each row then scores and samples (greedy) as it would alone, and its log-probs are the learner's."""
+    p = build_policy("tiny", seed=0)
+    tok = p.tokenizer
+    head = "You are a careful assistant. Answer with the copy only. "
+    prompts = [tok.encode(head + tail) for tail in ("ax2=", "bx3=", "a much longer question, cx1=", "dx2=")]
+    assert common_prefix_length(prompts) >= MIN_SHARED_PREFIX
+    eng = TorchEngine(p.model, tok)
+    together = eng.generate(prompts, 8, temperature=0.0)
+    alone = [eng.generate([q], 8, temperature=0.0)[0] for q in prompts]
+    assert [g.token_ids for g in together] == [g.token_ids for g in alone]
+    for g, a in zip(together, alone):
+        assert g.logprobs == pytest.approx(a.logprobs, abs=1e-4)
+    sampled = eng.generate(prompts + prompts, 6, temperature=0.8, seed=2)  # n choices of one prompt, too
+    batch = pack([g.prompt_token_ids for g in sampled], [g.token_ids for g in sampled], tok.pad_id)
+    with torch.no_grad():
+        logp, _ = response_logprobs(p.model, batch, temperature=0.8)
+    for b, g in enumerate(sampled):
+        assert logp[b, : len(g.token_ids)].tolist() == pytest.approx(g.logprobs, abs=1e-4)
 
 
 def test_generation_stops_at_eos() -> None:

@@ -162,16 +162,33 @@ class TorchEngine:
 
     def _prompt_pass(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
         """The prompts' forward pass, left-padded (every row's next token comes from the last column): the last
-        position's logits, the KV cache, the attention mask and the next positions."""
+        position's logits, the KV cache, the attention mask and the next positions. A prefix every prompt shares
+        (an agent's system prompt and tool definitions, or one prompt's ``n`` choices) is computed once and its
+        cache repeated for each row; the rows' own tokens follow it, left-padded among themselves."""
+        shared = min(common_prefix_length(prompts), min(len(p) for p in prompts) - 1)
+        if len(prompts) < 2 or shared < MIN_SHARED_PREFIX:
+            return self._rows_pass(prompts, 0, None)
+        ids = torch.tensor([list(prompts[0][:shared])], dtype=torch.long)
+        past = self.model(input_ids=ids, use_cache=True, **self._last_logits).past_key_values
+        if not callable(getattr(past, "batch_repeat_interleave", None)):  # a cache that cannot be repeated
+            return self._rows_pass(prompts, 0, None)
+        past.batch_repeat_interleave(len(prompts))
+        return self._rows_pass([p[shared:] for p in prompts], shared, past)
+
+    def _rows_pass(self, rows: Sequence[Sequence[int]], shared: int,
+                   past: Any) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
+        """``rows`` left-padded after ``shared`` cached positions (none: no cache yet)."""
         pad = self.tokenizer.pad_id
-        B, P = len(prompts), max(len(p) for p in prompts)
+        B, P = len(rows), max(len(p) for p in rows)
         ids = torch.full((B, P), pad, dtype=torch.long)
-        attn = torch.zeros((B, P), dtype=torch.long)
-        for b, p in enumerate(prompts):
+        attn = torch.zeros((B, shared + P), dtype=torch.long)
+        attn[:, :shared] = 1
+        for b, p in enumerate(rows):
             ids[b, P - len(p):] = torch.tensor(list(p), dtype=torch.long)
-            attn[b, P - len(p):] = 1
-        pos = (attn.cumsum(1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, **self._last_logits)
+            attn[b, shared + P - len(p):] = 1
+        pos = (attn.cumsum(1) - 1).clamp(min=0)[:, shared:]
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=past, use_cache=True,
+                         **self._last_logits)
         return out.logits[:, -1, :], out.past_key_values, attn, pos[:, -1:] + 1
 
     def _generation(self, prompt: Sequence[int], tokens: list[int], logprobs: list[float]) -> Generation:
@@ -183,6 +200,22 @@ class TorchEngine:
     def _vocab_size(self) -> int:
         """The width of the model's logits (the masks' width)."""
         return logits_width(self.model)
+
+
+MIN_SHARED_PREFIX = 16  # a shorter common prefix is not worth a pass of its own
+
+
+def common_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens every prompt shares."""
+    first, n = prompts[0], min(len(p) for p in prompts)
+    for other in prompts[1:]:
+        k = 0
+        while k < n and other[k] == first[k]:
+            k += 1
+        n = k
+        if not n:
+            break
+    return n
 
 
 def _pick(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator | None,

@@ -48,6 +48,7 @@ CLAIM_RETRY_S = 1.0  # the pause before claiming again after claims went unanswe
 RUNNER_KEEP_FINISHED = 10_000  # finished rollouts the runner's replica keeps (none is on offer again)
 RESOURCES_WAIT_S = 30.0  # how long an attempt waits for its rollout's resources to reach this runner's view
 BEATS_PER_TIMEOUT = 3  # heartbeats an attempt sends within its rollout's unresponsive_seconds
+SLOT_WAIT_S = 1.0  # with every slot busy, the longest wait for one to free before the loop ticks again
 MIN_BEAT_S = 0.25  # however short that timeout, no attempt floods the log with beats
 
 
@@ -90,6 +91,10 @@ class Runner:
         # attempt id -> its context and its beats' stop, for a stop that releases them
         self._running: dict[str, tuple[AttemptContext, threading.Event]] = {}
         self._slots = threading.Semaphore(concurrency)
+        # Set (from the attempt's thread) when an attempt ends and its slot frees: with every slot busy the loop
+        # waits on it instead of turning round.
+        self._slot_freed: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._stats_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="agent")
         self._inflight: set[Future[None]] = set()
@@ -110,6 +115,7 @@ class Runner:
 
     async def _serve(self, max_rollouts: int | None) -> None:
         claimed = 0
+        self._loop, self._slot_freed = asyncio.get_running_loop(), asyncio.Event()
         try:
             while not self.stop_event.is_set() and (max_rollouts is None or claimed < max_rollouts):
                 self.heartbeat.tick()
@@ -121,6 +127,7 @@ class Runner:
                     free += 1
                 if not free:
                     await self.claims.offers.hold()
+                    await self._wait_for_a_slot()
                     continue
                 won = await self._claim(free)
                 claimed += len(won)
@@ -135,6 +142,24 @@ class Runner:
             log.info("%s (stopped)", self.progress.line())
             await self.claims.offers.close()
             await self.claims.log.close()
+
+    async def _wait_for_a_slot(self) -> None:
+        """Until an attempt ends, or ``SLOT_WAIT_S``: the loop still ticks its heartbeat and the offers' group."""
+        assert self._slot_freed is not None
+        try:
+            await asyncio.wait_for(self._slot_freed.wait(), SLOT_WAIT_S)
+        except TimeoutError:
+            pass
+        self._slot_freed.clear()  # before the loop tries the slots again: a later release sets it anew
+
+    def _release_slot(self) -> None:
+        self._slots.release()
+        loop, freed = self._loop, self._slot_freed
+        if loop is not None and freed is not None:
+            try:
+                loop.call_soon_threadsafe(freed.set)
+            except RuntimeError:  # the loop has closed: the runner stopped
+                pass
 
     async def _claim(self, limit: int) -> list[RolloutSnapshot]:
         """The snapshots of the claims that won, out of up to ``limit`` offers."""
@@ -199,7 +224,7 @@ class Runner:
         finally:
             stop_beats.set()
             self._running.pop(ctx.attempt_id, None)
-            self._slots.release()
+            self._release_slot()
         # No flush here: the terminal event leaves in the producer's next batch (linger.ms), with the other slots'
         # records; a flush per attempt would send every slot's records at once in small batches.
         with self._stats_lock:
