@@ -3,7 +3,8 @@
 Each task names a city and holds that city's temperature, which only the agent's tool knows (a number drawn
 at random for each task, so no model can know it). The agent offers ``get_temperature(city)``. Its first call
 requires a tool call (``tool_choice="required"``, as agents do when a task cannot be done without one: an
-untrained SmolLM2-135M never calls a tool on its own, docs/training.md); the model still chooses the arguments.
+untrained SmolLM2-135M never calls a tool on its own, docs/training.md), one at a time
+(``parallel_tool_calls=False``); the model still chooses the arguments.
 The agent runs each call, sends the result back and asks again (``auto``: answer or call again), for at most
 ``MAX_TURNS`` calls. Its reward has two dimensions: ``answer`` (the primary, what GRPO trains on) is 1.0 when
 the final answer holds the tool's number, and ``tool_call`` is 1.0 when a call reached the city's weather
@@ -75,7 +76,7 @@ def weather_agent(task: dict[str, Any], llm: Any) -> None:
     for turn in range(MAX_TURNS):
         reply = client.chat.completions.create(model=llm.model, messages=messages,  # type: ignore[arg-type]
                                                tools=TOOLS, tool_choice="required" if turn == 0 else "auto",  # type: ignore[arg-type]
-                                               max_tokens=MAX_TOKENS)
+                                               parallel_tool_calls=False, max_tokens=MAX_TOKENS)
         message = reply.choices[0].message
         if not message.tool_calls:
             answer = message.content or ""
