@@ -222,7 +222,7 @@ def run_training(args: argparse.Namespace) -> dict[str, Any]:
     return summary.as_dict()
 
 
-def plot(summary: dict[str, Any], out: Path, title: str) -> None:
+def plot(summary: dict[str, Any], out: Path, title: str, ylabel: str = "reward (exact answer)") -> None:
     """Training reward per version and validation with its 95% interval, the best version marked."""
     import matplotlib
 
@@ -238,13 +238,17 @@ def plot(summary: dict[str, Any], out: Path, title: str) -> None:
     xs = sorted(val)
     ax.errorbar(xs, [val[v]["mean"] for v in xs], yerr=[1.96 * (val[v]["se"] or 0) for v in xs], fmt="s-",
                 color="tab:green", capsize=3, label="held-out validation, 95% interval")
+    for name in sorted({n for e in val.values() for n in e.get("dimensions", {})}):  # a reward's other dimensions
+        dims = [(v, val[v]["dimensions"][name]) for v in xs if name in val[v].get("dimensions", {})]
+        ax.errorbar([v for v, _ in dims], [d["mean"] for _, d in dims], yerr=[1.96 * (d["se"] or 0) for _, d in dims],
+                    fmt="D--", capsize=3, label=f"held-out {name}, 95% interval")
     best = summary.get("best") or {}
     if best.get("version") is not None:
         ax.plot([best["version"]], [best["validation"]], marker="*", color="tab:red", markersize=14,
                 linestyle="none", label=f"best validated: v{best['version']}")
     first = val[xs[0]] if xs else {"tasks": 0, "samples": 0}
     ax.set_xlabel("policy version")
-    ax.set_ylabel("reward (exact answer)")
+    ax.set_ylabel(ylabel)
     ax.set_ylim(0, 1)
     ax.set_title(f"{title}\nvalidation: {first['tasks']} tasks x {first['samples']} samples")
     ax.grid(alpha=0.3)
@@ -295,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("summary", type=Path, help="the JSON `train` printed")
     pl.add_argument("--out", type=Path, required=True)
     pl.add_argument("--title", default="GRPO on SmolLM2-135M-Instruct, word problems, 2 CPU cores")
+    pl.add_argument("--ylabel", default="reward (exact answer)")
     return parser
 
 
@@ -307,7 +312,7 @@ def main(argv: list[str] | None = None) -> None:
         print(summary)
         return
     if args.command == "plot":
-        plot(json.loads(args.summary.read_text()), args.out, args.title)
+        plot(json.loads(args.summary.read_text().strip().splitlines()[-1]), args.out, args.title, args.ylabel)
         return
     if args.command == "data":
         args.out.mkdir(parents=True, exist_ok=True)
