@@ -35,6 +35,7 @@ log = logging.getLogger("litstream.offers")
 OFFER_READ_AHEAD = 4096
 OFFER_WAIT_S = 2.0
 OFFER_ORDER_WAIT_S = 0.5
+OFFER_WAIT_SLICE_S = 0.25  # a waiting claimant's fetches: other work on the offers thread waits at most this long
 OFFER_IDLE_S = 10.0  # a store that served no dequeue for this long leaves the runners' group
 OFFER_COMMIT_EVERY_S = 0.2  # handled offers are committed together, at most this late
 OFFER_HOLD_POLL_S = 0.1  # how long one poll of a member with every partition paused waits
@@ -227,6 +228,22 @@ class OfferReader:
                 self._queue.push(offer_queue_time(offer, self.rollouts.snapshots.get(offer.rollout_id)), offer, where)
 
         self._thread.submit(self._holding, put_back)
+
+    async def wait(self, timeout: float) -> None:
+        """Until an offer reaches this consumer or ``timeout`` passes: a claimant that found nothing to take waits
+        here (a fetch that returns as soon as a record comes) instead of asking again at once."""
+        await self._on_thread(self._wait, timeout)
+
+    def _wait(self, timeout: float) -> None:
+        if self._consumer is None:
+            self._join()
+        assert self._consumer is not None and self._gate is not None
+        self._gate.release()
+        deadline = time.monotonic() + timeout
+        while not len(self._queue) and (left := deadline - time.monotonic()) > 0:
+            msg = self._consumer.poll(min(left, OFFER_WAIT_SLICE_S))
+            if msg is not None:
+                self._read([msg])
 
     async def hold(self) -> None:
         """While the claimant can take nothing (every slot busy): stay in the group, fetching nothing. Call it

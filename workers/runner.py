@@ -130,6 +130,11 @@ class Runner:
                     await self._wait_for_a_slot()
                     continue
                 won = await self._claim(free)
+                if not won:  # nothing on offer: wait for an offer rather than asking again at once
+                    for _ in range(free):
+                        self._slots.release()
+                    await self.claims.offers.wait(SLOT_WAIT_S)
+                    continue
                 claimed += len(won)
                 for snap in won:
                     fut = self._pool.submit(self._run_claimed, snap)
