@@ -127,7 +127,7 @@ class GrpoLearner:
         # This step's constrained samples: the grammar masks their tokens were drawn under (by id of the sample).
         self._grammar_masks: dict[int, list[tuple[int, np.ndarray[Any, Any]]]] = {}
         if ref_model is not None:
-            ref_model.eval()
+            ref_model.to(self.device).eval()
             for p in ref_model.parameters():
                 p.requires_grad_(False)
 
@@ -251,7 +251,8 @@ class GrpoLearner:
                 ref, _ = response_logprobs(self.ref_model, batch, temperature=temperatures)
         if entropy is not None and not loss_cfg.entropy_coef:
             entropy = entropy.detach()
-        return grpo_loss(logp, old, torch.tensor(advs, dtype=logp.dtype, device=logp.device), batch.response_mask, loss_cfg,
+        advantages = torch.tensor(advs, dtype=logp.dtype, device=logp.device)
+        return grpo_loss(logp, old, advantages, batch.response_mask, loss_cfg,
                          ref_logp=ref, entropy=entropy, normalizer=float(max(normalizer, 1)), prox_logp=prox)
 
     @torch.no_grad()
