@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from litstream.schemas.events import AttrValue
 
 from .backends import Backend, Sampling
+from .continuations import Continuations
 from .openai_api import (
     ApiError,
     ChatCompletionRequest,
@@ -48,11 +49,16 @@ class PolicyServer:
     api_key: str | None = None  # callers must send it as a bearer token
     defaults: SamplingDefaults = field(default_factory=SamplingDefaults)  # for what a request leaves out
     started: int = field(default_factory=now)
+    continuations: Continuations | None = None  # each attempt's last token ids, for its next prompt
     stats: dict[str, int] = field(default_factory=lambda: {"calls": 0, "errors": 0, "streams": 0,
                                                            "disconnects": 0, "tool_calls": 0,
                                                            "tool_calls_malformed": 0})
 
     # -- a call ---------------------------------------------------------------------------------------------
+
+    def __post_init__(self) -> None:
+        if self.continuations is None:
+            self.continuations = Continuations(lambda ids: self.backend.decode(ids, skip_special=False))
 
     async def scope_of(self, request: web.Request) -> CallScope:
         rid, aid = request.match_info.get("rid"), request.match_info.get("aid")
@@ -83,9 +89,12 @@ class PolicyServer:
         req = await _parse(request, ChatCompletionRequest if kind == "chat" else CompletionRequest)
         plan = plan_tools(req) if isinstance(req, ChatCompletionRequest) else None
         scope = await self.scope_of(request)
+        attempt = f"{scope.rollout_id}/{scope.attempt_id}" if scope.attributed else None
         if isinstance(req, ChatCompletionRequest):
             messages = [(str(m.role), m.text()) for m in req.messages]
             prompt = self._chat_prompt(plan, messages)
+            if attempt is not None and self.continuations is not None:
+                prompt = self.continuations.align(attempt, prompt)
         else:
             assert isinstance(req, CompletionRequest)
             prompt = self.backend.text_prompt(req.prompt)  # type: ignore[arg-type]
@@ -101,6 +110,8 @@ class PolicyServer:
             reserved.cancel()
             raise
         self.stats["calls"] += 1
+        if attempt is not None and self.continuations is not None:
+            self.continuations.remember(attempt, [prompt + g.token_ids for g in answer.generations])
         call = Call(kind=kind, response_id=new_id("chatcmpl" if kind == "chat" else "cmpl"), created=now(),
                     requested_model=req.model, served_model=self.backend.model_name, prompt_token_ids=prompt,
                     messages=messages, generations=answer.generations, version=answer.version,

@@ -68,7 +68,7 @@ class Backend(Protocol):
 
     def text_prompt(self, prompt: str | list[int]) -> list[int]: ...
 
-    def decode(self, token_ids: Sequence[int]) -> str: ...
+    def decode(self, token_ids: Sequence[int], skip_special: bool = True) -> str: ...
 
     async def generate(self, prompt: list[int], n: int, sampling: Sampling) -> Answer: ...
 
@@ -196,8 +196,8 @@ class EngineBackend:
             raise ApiError(400, "the prompt is empty", param="prompt")
         return ids
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(token_ids)
+    def decode(self, token_ids: Sequence[int], skip_special: bool = True) -> str:
+        return self.tokenizer.decode(token_ids, skip_special=skip_special)
 
     def check_length(self, prompt: list[int], max_new_tokens: int) -> None:
         if self.max_positions is not None and len(prompt) + max_new_tokens > self.max_positions:
