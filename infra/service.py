@@ -98,6 +98,17 @@ class Service:
         return nullcontext() if self.own_signals else on_stop_signals(process.stop)
 
 
+def set_from_thread(loop: asyncio.AbstractEventLoop | None, event: asyncio.Event | None) -> None:
+    """Set ``event`` of ``loop`` from another thread; nothing when either is missing or the loop has closed
+    (nothing is left there to wake)."""
+    if loop is None or event is None:
+        return
+    try:
+        loop.call_soon_threadsafe(event.set)
+    except RuntimeError:  # the loop is closed
+        pass
+
+
 @contextmanager
 def on_stop_signals(handler: Callable[[], None]) -> Iterator[None]:
     """While the block runs, SIGTERM (``kill``, a supervisor's stop) and SIGINT (Ctrl-C) call ``handler``; the
@@ -144,12 +155,7 @@ class AsyncProcess(ABC):
 
     def stop(self) -> None:
         self._stopping.set()
-        loop, wake = self._loop, self._wake
-        if loop is not None and wake is not None:
-            try:
-                loop.call_soon_threadsafe(wake.set)
-            except RuntimeError:  # the loop is already closed: nothing left to wake
-                pass
+        set_from_thread(self._loop, self._wake)
 
     async def _main(self) -> None:
         self._wake = asyncio.Event()

@@ -163,14 +163,11 @@ class GrpoLearner:
         # Every reward counts in its group's advantages; only samples the learner can score take part in the loss.
         left_out = left_out_counts(samples, self.cfg.temperature)
         scored = [i for i, s in enumerate(samples) if why_left_out(s, self.cfg.temperature) is None]
-        self._grammar_masks = {}
-        for i in [i for i in scored if samples[i].grammars]:
-            masks = self._replayed(samples[i])
-            if masks is None:
-                scored.remove(i)
-                left_out["constrained"] += 1
-            else:
-                self._grammar_masks[id(samples[i])] = masks
+        self._grammar_masks = self._replay_grammars([samples[i] for i in scored])
+        refused = [i for i in scored if samples[i].grammars and id(samples[i]) not in self._grammar_masks]
+        if refused:
+            left_out["constrained"] += len(refused)
+            scored = [i for i in scored if i not in refused]
         train, train_advs = [samples[i] for i in scored], [advs[i] for i in scored]
         total_tokens = sum(trained_tokens(s) for s in train)
         self.model.train()
@@ -259,13 +256,17 @@ class GrpoLearner:
     def score(self, samples: Sequence[Sample]) -> torch.Tensor:
         """The policy's log-probs [B, R] of each sample's response tokens, as the loss sees them (each at its own
         temperature, under its grammar's masks, on the learner's device and precision), as float32 on the CPU."""
-        self._grammar_masks = {id(s): m for s in samples if s.grammars and (m := self._replayed(s)) is not None}
+        self._grammar_masks = self._replay_grammars(samples)
         try:
             with self._autocast():
                 logp, _ = response_logprobs(self.model, self._packed(samples), temperature=self._temperatures(samples))
         finally:
             self._grammar_masks = {}
         return logp.float().cpu()
+
+    def _replay_grammars(self, samples: Sequence[Sample]) -> dict[int, list[tuple[int, np.ndarray[Any, Any]]]]:
+        """The replayed masks of each constrained sample (by id), leaving out those their grammar refuses."""
+        return {id(s): m for s in samples if s.grammars and (m := self._replayed(s)) is not None}
 
     def _replayed(self, sample: Sample) -> list[tuple[int, np.ndarray[Any, Any]]] | None:
         """The masks each of ``sample``'s grammars allowed at its tokens, replayed (None, logged, when its tokens

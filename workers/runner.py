@@ -21,7 +21,7 @@ from typing import Any
 from litstream.infra import health
 from litstream.infra.metrics import StatSeries
 from litstream.infra.producer import EventProducer
-from litstream.infra.service import Service
+from litstream.infra.service import Service, set_from_thread
 from litstream.infra.settings import Settings
 from litstream.schemas.events import RolloutSnapshot
 from litstream.schemas.models import AttemptedRollout, NamedResources
@@ -159,12 +159,7 @@ class Runner:
 
     def _release_slot(self) -> None:
         self._slots.release()
-        loop, freed = self._loop, self._slot_freed
-        if loop is not None and freed is not None:
-            try:
-                loop.call_soon_threadsafe(freed.set)
-            except RuntimeError:  # the loop has closed: the runner stopped
-                pass
+        set_from_thread(self._loop, self._slot_freed)
 
     async def _claim(self, limit: int) -> list[RolloutSnapshot]:
         """The snapshots of the claims that won, out of up to ``limit`` offers."""

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from litstream.infra.producer import EventProducer
+from litstream.infra.service import set_from_thread
 from litstream.infra.settings import Settings
 from litstream.schemas.events import NamedResourceRecord, ResourcesPublished
 from litstream.schemas.models import LLM, ProxyLLM, ResourcesUpdate
@@ -86,7 +87,7 @@ class VersionFollower:
 
     def _changed(self) -> None:
         """From the view's thread: wake the follower task."""
-        self._loop.call_soon_threadsafe(self._wake.set)
+        set_from_thread(self._loop, self._wake)
 
     async def _follow(self) -> None:
         while True:
