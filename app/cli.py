@@ -509,7 +509,7 @@ def process_triplets() -> None:
 @click.option("--vllm-url", default=None, help="A vLLM server (started with VLLM_SERVER_DEV_MODE=1) to hot-swap.")
 @click.option("--watch-kl", is_flag=True,
               help="Measure the KL to the starting policy on each step (one extra forward pass), for drift checks.")
-@click.option("--trajectories/--per-call", default=False, show_default=True,
+@click.option("--trajectories/--per-call", default=True, show_default=True,
               help="Train a multi-turn attempt as one sequence, its turns joined and only the sampled tokens in the "
                    "loss (where each turn's prompt extends the previous turn's tokens), or each LLM call on its own.")
 @click.option("--restore", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None,

@@ -29,7 +29,7 @@ from litstream.infra.service import on_stop_signals
 from litstream.infra.settings import Settings
 from litstream.schemas.codec import Codec
 from litstream.schemas.events import SpanRecorded
-from litstream.schemas.models import FINISHED, LLM, NamedResources, ProxyLLM, RolloutConfig
+from litstream.schemas.models import FINISHED, LLM, QUEUING, NamedResources, ProxyLLM, RolloutConfig
 from litstream.schemas.policy_versions import POLICY_RESOURCE, parse_policy_version, policy_resources_id
 from litstream.streams.span_attrs import reward_dimension_values, reward_value
 from litstream.streams.stateview import StateView
@@ -43,7 +43,7 @@ from litstream.trainer.algorithm import (
     RolloutResult,
     wait_for_policy,
 )
-from litstream.workers.client import enqueue_rollout
+from litstream.workers.client import cancel_rollout, enqueue_rollout
 
 from . import roles
 from .roles import Role
@@ -126,6 +126,15 @@ class StackDriver:
 
     def outstanding(self) -> int:
         return len(self.pending)
+
+    def cancel(self, rollout_ids: Sequence[str]) -> int:
+        snaps = self.view.catch_up()
+        queued = [rid for rid in rollout_ids
+                  if rid in self.pending and (snap := snaps.get(rid)) is not None and snap.status in QUEUING]
+        for rid in queued:
+            cancel_rollout(self.events, rid)
+        self.events.flush()
+        return len(queued)
 
     def poll(self, timeout: float = 0.5) -> list[RolloutResult]:
         time.sleep(min(timeout, 0.2))

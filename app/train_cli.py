@@ -103,7 +103,7 @@ def _per_model(field: str, fmt: str = "{}") -> str:
 @click.option("--max-tokens", type=int, default=None,
               help=f"GRPO: response length published with each version {_per_model('max_tokens')}.")
 @click.option("--max-staleness", default=2, show_default=True)
-@click.option("--trajectories/--per-call", default=False, show_default=True,
+@click.option("--trajectories/--per-call", default=True, show_default=True,
               help="GRPO: train a multi-turn attempt as one sequence (only its sampled tokens in the loss), where each "
                    "turn's prompt extends the previous turn's tokens; or each LLM call on its own.")
 @click.option("--seed", default=0, show_default=True)

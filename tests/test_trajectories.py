@@ -106,7 +106,7 @@ def test_the_windower_joins_each_attempt_once_all_its_turns_arrived_and_groups_c
     assert {s.reward for s in window.samples} == {1.0, 0.0} and all(s.turns == 2 for s in window.samples)
     assert w.joins.joined == 2 and w.stats.no_reward == 0
     # per-call mode keeps Agent Lightning's semantics: the first call has no reward and is dropped
-    per_call = Windower(WindowConfig(group_size=2, max_samples=2))
+    per_call = Windower(WindowConfig(group_size=2, max_samples=2, trajectories=False))
     per_call.add_many([*two_turn_attempt("a1", 1.0), *two_turn_attempt("a2", 0.0)], 0)
     assert per_call.stats.no_reward == 2 and per_call.stats.trained_samples == 2
 

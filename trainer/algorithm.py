@@ -84,6 +84,10 @@ class Driver(Protocol):
     def outstanding(self) -> int:
         """Rollouts submitted and not yet returned by :meth:`poll`."""
 
+    def cancel(self, rollout_ids: Sequence[str]) -> int:
+        """Cancel those of these rollouts that no runner has begun yet (still queued); returns how many. Each is
+        returned by :meth:`poll` as ``cancelled``."""
+
     def publish(self, resources: NamedResources, resources_id: str | None = None) -> str:
         """Publish resources (runners use the newest for rollouts that name none); returns the id."""
 
@@ -141,6 +145,8 @@ class History:
 
     def add(self, r: RolloutResult, version: int | None = None) -> None:
         self.statuses[r.status] = self.statuses.get(r.status, 0) + 1
+        if r.status == "cancelled":
+            return  # never ran: no reward to count
         v = version if version is not None else (r.version or 0)
         (self.val if r.mode == VAL else self.train).setdefault(v, []).append(r.reward or 0.0)
 
@@ -259,7 +265,7 @@ class GRPO(Algorithm):
     # validated version, at most ``max_fallbacks`` times (then it stops).
     watch_drift: bool | None = None
     # A multi-turn attempt trains as one sequence, its turns joined (trainer/trajectories.py); False: each call
-    trajectories: bool = False
+    trajectories: bool = True
     drift_bands: DriftBands = field(default_factory=DriftBands)
     max_fallbacks: int = 2
     seed: int = 0
@@ -349,7 +355,7 @@ class GRPO(Algorithm):
                 *(["--train-top-layers", str(self.train_top_layers)] if self.train_top_layers else []),
                 *(["--lora-rank", str(self.lora_rank)] if self.lora_rank else []),
                 *(["--watch-kl"] if self.watch_drift else []),
-                *(["--trajectories"] if self.trajectories else []),
+                "--trajectories" if self.trajectories else "--per-call",
                 *(["--keep-every", str(self.val_every)] if self.val_every else []),
                 *(["--window-seconds", str(self.window_seconds)] if self.window_seconds else []),
                 *(["--max-steps", str(self.max_versions)] if self.max_versions else [])]
@@ -375,7 +381,7 @@ class GRPO(Algorithm):
         while (queue or driver.outstanding()) and not driver.stopping():
             policy = driver.latest_policy() or policy
             if queue and self._budget_spent(driver, deadline):
-                queue.clear()  # nothing more to submit; the rollouts in flight finish
+                self._stop_submitting(driver, queue)  # the rollouts running finish; those still queued are cancelled
             if not queue:
                 settle = settle or time.monotonic() + self.settle_seconds
                 if time.monotonic() > settle:
@@ -396,10 +402,11 @@ class GRPO(Algorithm):
                 self.stopped = (f"validation stopped improving: {self.patience} validations without beating "
                                 f"v{best} ({self.val_estimates[best].text()})" if best is not None else "")
                 _notice(driver, f"early stop: {self.stopped}")
-                queue.clear()
+                self._stop_submitting(driver, queue)
             driver.show(self._progress(driver, policy, queue))
         if driver.outstanding():
             self.history.statuses["unfinished"] = driver.outstanding()
+        self._drop_unfinished_validations(driver)
         if driver.stopping():
             self.stopped = "stopped by the user"
         elif self.stopped is None:
@@ -425,8 +432,11 @@ class GRPO(Algorithm):
             return
         key, group = where
         groups = self._groups.setdefault(key, {})
-        groups.setdefault(group, []).append(r.reward or 0.0)
-        if sum(len(rs) for rs in groups.values()) == self._expected.get(key):
+        if r.status == "cancelled":  # never ran: its window's signal is what the others give
+            self._expected[key] = self._expected.get(key, 1) - 1
+        else:
+            groups.setdefault(group, []).append(r.reward or 0.0)
+        if groups and sum(len(rs) for rs in groups.values()) == self._expected.get(key):
             self.signals.append(window_signal(self._window_version.get(key, -1),
                                               list(self._groups.pop(key).values())))
             message = missing_signal(self.signals, self.signal_windows, self._last_rollout)
@@ -489,7 +499,7 @@ class GRPO(Algorithm):
                 or not Path(checkpoint).is_dir():  # pruned, or on another machine: nothing to fall back to
             self.stopped = f"the policy is degrading ({reason}); {TRY_WHEN_DEGRADING}"
             _notice(driver, f"early stop: {self.stopped}")
-            queue.clear()
+            self._stop_submitting(driver, queue)
             return
         self.fallbacks.append({"at_version": version, "to_version": best, "reason": reason})
         _notice(driver, f"the policy is degrading at v{version}: {reason}. Falling back to v{best}, the best "
@@ -505,14 +515,22 @@ class GRPO(Algorithm):
     def _submit_waves(self, driver: Driver, queue: _TaskQueue, policy: Policy, waves_sent: int) -> int:
         """One window of groups per published version, two ahead; returns the waves sent so far. If nothing is
         outstanding and no new version came for ``stall_seconds`` (failed rollouts left a window that cannot
-        fill, or the trainer's window is larger than a wave), one more wave goes out on the current version."""
+        fill, or the trainer's window is larger than a wave), one more wave goes out on the current version.
+
+        A wave waits while more than one wave's rollouts are still out, and while a validation is: a trainer
+        that closes its windows on time publishes versions faster than a slow model's waves come back, and the
+        queue would grow without bound, its rollouts going stale before they run and a validation waiting
+        behind them all."""
         now = time.monotonic()
         if driver.outstanding() or waves_sent < policy.version + 2:
             self._idle_since = None
         elif self._idle_since is None:
             self._idle_since = now
         stalled = self._idle_since is not None and now - self._idle_since > self.stall_seconds
+        wave = int(self.group_size or 1) * int(self.groups_per_step or 1)
         while queue and (waves_sent < policy.version + 2 or stalled):
+            if not stalled and (len(self._group_of) > wave or any(self._val_pending.values())):
+                break
             self._submit_groups(driver, queue, int(self.groups_per_step or 1), policy.resources_id,
                                 window=waves_sent)
             waves_sent += 1
@@ -537,6 +555,23 @@ class GRPO(Algorithm):
             for rid in ids:
                 self._group_of[rid] = (key, group_id)
             self._expected[key] = self._expected.get(key, 0) + len(ids)
+
+    def _stop_submitting(self, driver: Driver, queue: _TaskQueue) -> None:
+        """No more training rollouts: the queue is cleared, and those submitted that no runner has begun are
+        cancelled, so the last validation does not wait behind them and the run ends near its budget."""
+        queue.clear()
+        cancelled = driver.cancel(list(self._group_of))
+        if cancelled:
+            _notice(driver, f"{cancelled} queued training rollout(s) cancelled: the run submits no more")
+
+    def _drop_unfinished_validations(self, driver: Driver) -> None:
+        """A validation the run ended before is left out of the rewards by version (a part of its tasks is not
+        an estimate of the version), and the run says so."""
+        for version, pending in sorted(self._val_pending.items()):
+            if pending and version in self.history.val:
+                done = len(self.history.val.pop(version))
+                _notice(driver, f"the validation of v{version} did not finish ({done} of {done + pending} "
+                                "rollouts): left out of the results")
 
     def _budget_spent(self, driver: Driver, deadline: float | None) -> bool:
         trained = int(driver.service_info("trainer").get("version", 0))

@@ -83,7 +83,8 @@ class StepStats:
     step: int
     samples: int
     groups: int
-    tokens: int
+    tokens: int  # response tokens in the loss
+    sequence_tokens: int  # every token the step's forward passes read (prompts and responses of the trained samples)
     micro_batches: int
     loss: float
     clip_frac: float
@@ -184,7 +185,8 @@ class GrpoLearner:
         n = max(agg.tokens, 1.0)
         return StepStats(
             version=self.version, step=self.step_count, samples=len(samples), groups=len(by_group),
-            tokens=total_tokens, micro_batches=len(batches), loss=loss_sum, clip_frac=agg.clipped / n,
+            tokens=total_tokens, sequence_tokens=sum(len(s.prompt_token_ids) + len(s.response_token_ids) for s in train),
+            micro_batches=len(batches), loss=loss_sum, clip_frac=agg.clipped / n,
             kl=agg.kl / max(agg.kl_tokens, 1.0), ratio_mean=agg.ratio / n, entropy=agg.entropy / n, grad_norm=grad_norm,
             reward_mean=sum(rewards) / len(rewards), adv_abs_mean=sum(abs(a) for a in advs) / len(advs),
             lr=lr, entropy_coef=loss_cfg.entropy_coef, zero_adv_groups=flat,

@@ -68,7 +68,7 @@ class TrainerConfig:
     # goes on from the newest checkpoint's version, positions and window, and publishes them as the next version.
     restore: Path | None = None
     # One sample per multi-turn attempt, its turns joined (trainer/trajectories.py); False: one per LLM call
-    trajectories: bool = False
+    trajectories: bool = True
 
     def learner_config(self) -> LearnerConfig:
         """The learner's settings, scoring at the temperature this trainer publishes: the one agents that read

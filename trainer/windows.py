@@ -65,7 +65,7 @@ class WindowConfig:
     overflow_factor: int = 4
     dedupe_capacity: int = 200_000
     # One sample per attempt, its turns joined (trainer/trajectories.py), instead of one per LLM call.
-    trajectories: bool = False
+    trajectories: bool = True
 
     def __post_init__(self) -> None:
         if self.max_samples is None and self.max_seconds is None:

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
-from litstream.schemas.events import RolloutEnqueued
+from litstream.schemas.events import RolloutEnqueued, RolloutStatusChanged
 from litstream.schemas.models import RolloutConfig, RolloutMode, new_rollout_id
 from litstream.streams.views import ResourcesView
+
+
+def cancel_rollout(events: EventProducer, rollout_id: str) -> RolloutStatusChanged:
+    """Ask for a rollout to be cancelled: a status event, so a rollout that finished first keeps its outcome
+    (terminal states are final) and one a runner claimed meanwhile ends cancelled, as ``litstream cancel``."""
+    event = RolloutStatusChanged(meta=events.factory.meta(rollout_id), status="cancelled", time=time.time())
+    events.send(events.topics.rollout_events, event)
+    return event
 
 
 def latest_resources_id(settings: Settings, events: EventProducer, timeout: float = 15.0) -> str | None:
