@@ -177,16 +177,21 @@ class StackDriver:
         update = self.resources_view.state.by_id.get(resources_id)
         return dict(update.resources) if update else {}
 
+    def servable(self, resources_id: str) -> bool:
+        update = self.resources_view.state.by_id.get(resources_id)
+        if update is None:
+            return False
+        return not self.serving_through_proxy or any(isinstance(r, ProxyLLM) for r in update.resources.values())
+
     def latest_policy(self) -> Policy | None:
         """The newest ``policy-vN`` publication, once it is served to agents (a ProxyLLM when a policy server
         publishes itself: the trainer's own ``torch://`` publication is not usable by an OpenAI client)."""
         best: Policy | None = None
-        for rid, update in list(self.resources_view.state.by_id.items()):
+        for rid in list(self.resources_view.state.by_id):
             version = parse_policy_version(rid)
             if version is None or (best is not None and version <= best.version):
                 continue
-            proxied = any(isinstance(r, ProxyLLM) for r in update.resources.values())
-            if proxied or not self.serving_through_proxy:
+            if self.servable(rid):
                 best = Policy(version, rid)
         return best
 

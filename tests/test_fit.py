@@ -148,6 +148,45 @@ def test_a_user_written_algorithm_needs_only_the_driver(joined: Callable[..., Tr
     assert algorithm.best in (1.0, 0.5)
 
 
+class CancelWhatIsQueued(Algorithm):
+    """Submits more rollouts than the runner's slot takes at once, then cancels them all: those still queued end
+    cancelled, the one running finishes."""
+
+    name = "cancel-queued"
+
+    def run(self, driver: Driver, train: Sequence[Any], val: Sequence[Any] | None) -> None:
+        ids = driver.submit([{"seconds": 3.0}] * 5, mode="train")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not self._one_running(driver, ids):
+            time.sleep(0.2)
+        self.cancelled = driver.cancel(ids)
+        while driver.outstanding():
+            for r in driver.poll():
+                self.history.add(r)
+        # A version only the trainer published (no policy server fronts it) is not one agents can run with.
+        driver.publish({POLICY_RESOURCE: LLM(endpoint="torch:///nowhere", model="tiny-policy", version=99)},
+                       policy_resources_id(99))
+        self.servable = (driver.servable(policy_resources_id(99)), driver.servable(policy_resources_id(98)))
+        driver.serving_through_proxy = True  # type: ignore[attr-defined]  # as when this run starts the server
+        self.servable_behind_server = driver.servable(policy_resources_id(99))
+
+    @staticmethod
+    def _one_running(driver: Driver, ids: list[str]) -> bool:
+        snaps = driver.view.catch_up()  # type: ignore[attr-defined]
+        return any(snaps.get(rid) is not None and snaps[rid].status == "running" for rid in ids)
+
+
+def test_rollouts_no_runner_has_begun_are_cancelled(joined: Callable[..., Trainer]) -> None:
+    algorithm = CancelWhatIsQueued()
+    summary = joined("tests.fit_agents:slow_agent", algorithm=algorithm, concurrency=1).fit(
+        "tests.fit_agents:slow_agent", [{"seconds": 3.0}])
+    assert algorithm.cancelled == 4 and summary.by_status == {"succeeded": 1, "cancelled": 4}
+    assert summary.train_reward_by_version == {0: 1.0}  # a cancelled rollout never ran: it has no reward
+    # Joined, nothing tells this driver that a server publishes itself: a known version is servable, 98 is unknown;
+    # behind its own policy server, a version the server never fronted is not.
+    assert algorithm.servable == (True, False) and algorithm.servable_behind_server is False
+
+
 def test_an_agent_that_raises_fails_its_rollouts_and_loses_nothing(joined: Callable[..., Trainer]) -> None:
     tasks = [{"letter": "a", "count": 1}, {"explode": True}, {"letter": "b", "count": 1}]
     summary = joined("tests.fit_agents:raising_agent", algorithm=Baseline()).fit(

@@ -97,6 +97,10 @@ class Driver(Protocol):
     def resources(self, resources_id: str) -> NamedResources:
         """The resources published under an id (empty when unknown)."""
 
+    def servable(self, resources_id: str) -> bool:
+        """Whether agents can run with the resources published under an id: known, and, where a policy server
+        publishes itself, fronted by it (a server that caught up past a version never serves that one)."""
+
     def start_service(self, name: str, *args: str) -> None:
         """Start a pipeline process by its ``litstream`` arguments (e.g. the GRPO trainer)."""
 
@@ -156,7 +160,8 @@ class History:
 
     @property
     def failed(self) -> int:
-        return sum(n for s, n in self.statuses.items() if s != "succeeded")
+        """Rollouts that did not succeed: failed, or left unfinished (a cancelled one was never run)."""
+        return sum(n for s, n in self.statuses.items() if s not in ("succeeded", "cancelled"))
 
     @staticmethod
     def means(by_version: dict[int, list[float]]) -> dict[int, float]:
@@ -455,7 +460,7 @@ class GRPO(Algorithm):
         if version in self._val_pending:
             return
         rid = policy_resources_id(version)
-        if version != latest.version and not driver.resources(rid):
+        if version != latest.version and not driver.servable(rid):
             version, rid = latest.version, latest.resources_id
         tasks = [t for t in val for _ in range(self.val_samples)]
         meta = [{"group_id": f"val-{uuid.uuid4().hex}", "data_id": str(i)}
