@@ -252,7 +252,7 @@ def plot(summary: dict[str, Any], out: Path, title: str, ylabel: str = "reward (
     ax.set_ylim(0, 1)
     ax.set_title(f"{title}\nvalidation: {first['tasks']} tasks x {first['samples']} samples")
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", fontsize=8)
+    ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
