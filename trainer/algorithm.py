@@ -411,12 +411,12 @@ class GRPO(Algorithm):
             driver.show(self._progress(driver, policy, queue))
         if driver.outstanding():
             self.history.statuses["unfinished"] = driver.outstanding()
-        self._drop_unfinished_validations(driver)
         if driver.stopping():
             self.stopped = "stopped by the user"
         elif self.stopped is None:
             self.stopped = f"budget reached ({self.budget_text()})"
         self._finish(driver, val)
+        self._drop_unfinished_validations(driver)  # after the last one: a late result of another is still taken
         self._publish_best(driver)
 
     def _take(self, driver: Driver, r: RolloutResult) -> None:
