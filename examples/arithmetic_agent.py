@@ -222,7 +222,8 @@ def run_training(args: argparse.Namespace) -> dict[str, Any]:
     return summary.as_dict()
 
 
-def plot(summary: dict[str, Any], out: Path, title: str, ylabel: str = "reward (exact answer)") -> None:
+def plot(summary: dict[str, Any], out: Path, title: str, ylabel: str = "reward (exact answer)",
+         val_label: str = "held-out validation") -> None:
     """Training reward per version and validation with its 95% interval, the best version marked."""
     import matplotlib
 
@@ -237,7 +238,7 @@ def plot(summary: dict[str, Any], out: Path, title: str, ylabel: str = "reward (
     val = {int(v): e for v, e in summary["validation"].items()}
     xs = sorted(val)
     ax.errorbar(xs, [val[v]["mean"] for v in xs], yerr=[1.96 * (val[v]["se"] or 0) for v in xs], fmt="s-",
-                color="tab:green", capsize=3, label="held-out validation, 95% interval")
+                color="tab:green", capsize=3, label=f"{val_label}, 95% interval")
     for name in sorted({n for e in val.values() for n in e.get("dimensions", {})}):  # a reward's other dimensions
         dims = [(v, val[v]["dimensions"][name]) for v in xs if name in val[v].get("dimensions", {})]
         ax.errorbar([v for v, _ in dims], [d["mean"] for _, d in dims], yerr=[1.96 * (d["se"] or 0) for _, d in dims],
@@ -250,7 +251,7 @@ def plot(summary: dict[str, Any], out: Path, title: str, ylabel: str = "reward (
     ax.set_xlabel("policy version")
     ax.set_ylabel(ylabel)
     ax.set_ylim(0, 1)
-    ax.set_title(f"{title}\nvalidation: {first['tasks']} tasks x {first['samples']} samples")
+    ax.set_title(f"{title}\nvalidation: {first['tasks']} tasks x {first['samples']} sample(s)")
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
@@ -300,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--out", type=Path, required=True)
     pl.add_argument("--title", default="GRPO on SmolLM2-135M-Instruct, word problems, 2 CPU cores")
     pl.add_argument("--ylabel", default="reward (exact answer)")
+    pl.add_argument("--val-label", default="held-out validation", help="the validated reward's name in the legend")
     return parser
 
 
@@ -312,7 +314,8 @@ def main(argv: list[str] | None = None) -> None:
         print(summary)
         return
     if args.command == "plot":
-        plot(json.loads(args.summary.read_text().strip().splitlines()[-1]), args.out, args.title, args.ylabel)
+        plot(json.loads(args.summary.read_text().strip().splitlines()[-1]), args.out, args.title, args.ylabel,
+             args.val_label)
         return
     if args.command == "data":
         args.out.mkdir(parents=True, exist_ok=True)
