@@ -51,9 +51,10 @@ class Continuations:
         text = self._decode(previous)
         if not self._decode(prompt).startswith(text):
             return None
-        # Where does the same text end in the new tokenization? Near the same count of tokens.
+        # Where does the same text end in the new tokenization? Near the same count of tokens: the nearest counts
+        # are tried first (a re-split changes it by a token or two), each a decode on the request path.
         lo, hi = max(1, len(previous) - ALIGN_SLACK), min(len(prompt) - 1, len(previous) + ALIGN_SLACK)
-        for k in range(lo, hi + 1):
+        for k in sorted(range(lo, hi + 1), key=lambda k: abs(k - len(previous))):
             if self._decode(prompt[:k]) == text:
                 return previous + prompt[k:]
         return None  # the text's end falls inside a token of the new prompt: no clean seam
