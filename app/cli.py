@@ -825,30 +825,53 @@ def dlq_tail(which: str | None, count: int, as_json: bool) -> None:
 @click.option("--truncate", is_flag=True, help="With --sink clickhouse: empty the tables first.")
 @click.option("--verify", is_flag=True, help="Compare with the live state; exit 1 with a diff if they differ.")
 @click.option("--wait", default=30.0, show_default=True, help="With --verify: seconds to let the live state catch up.")
+@click.option("--until", "until_text", default=None, metavar="TIME|OFFSETS",
+              help="Rebuild the state as it was at this point of the log: a time (2026-11-28T10:32:00, local unless "
+                   "it names its zone, or seconds since the epoch) or offsets of rollout-events (0:120,1:98: the "
+                   "records before them; a partition not named: none).")
+@click.option("--rollout", "rollout_id", default=None, metavar="ID",
+              help="Print this rollout's state (JSON) instead of the summary: with --until, as it was then.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON line.")
-def replay(sink: str, truncate: bool, verify: bool, wait: float, as_json: bool) -> None:
-    """Rebuild state from the topics: rollout state with the pure fold, or the ClickHouse tables."""
+def replay(sink: str, truncate: bool, verify: bool, wait: float, until_text: str | None, rollout_id: str | None,
+           as_json: bool) -> None:
+    """Rebuild state from the topics: rollout state with the pure fold (now, or as it was at a point of the log),
+    or the ClickHouse tables."""
     from litstream.streams import replay as rp
 
     settings = load_settings()
+    if sink == "clickhouse" and (verify or until_text or rollout_id):
+        _fail("--verify, --until and --rollout rebuild rollout state; use them without --sink clickhouse", 2)
+    if verify and (until_text or rollout_id):
+        _fail("--verify compares the whole state now with the live one; use it without --until and --rollout", 2)
+    try:
+        until = rp.parse_until(until_text) if until_text is not None else None
+    except ValueError as exc:
+        _fail(f"--until: {exc}", 2)
     _broker(settings)
     if sink == "clickhouse":
-        if verify:
-            _fail("--verify compares rollout state; use it without --sink clickhouse")
         _replay_clickhouse(settings, truncate, as_json)
         return
     try:
         if verify:
             result, differences = rp.verify(settings, wait_s=wait)
         else:
-            result, differences = rp.replay(settings), []
+            result, differences = rp.replay(settings, until=until, rollout_id=rollout_id), []
+    except ValueError as exc:  # --until names a partition the topic does not have
+        _fail(f"--until: {exc}", 2)
     except (LookupError, ConnectionError, TimeoutError) as exc:
         _fail(str(exc))
+    if rollout_id is not None:
+        state = result.states.get(rollout_id)
+        if state is None:
+            _fail(f"no rollout {rollout_id} in rollout-events" + (f" before {until}" if until else ""), 2)
+        click.echo(json.dumps(state.snapshot().model_dump(mode="json", exclude=rp.OUTCOME_FIELDS)))
+        return
     summary = {**result.summary(), **({"verified": not differences} if verify else {})}
     if as_json:
         click.echo(json.dumps(summary))
     else:
-        table = _table("", "value", title="replay of rollout-events")
+        title = "replay of rollout-events" + (f" until {until}" if until is not None else "")
+        table = _table("", "value", title=title)
         for k, v in summary.items():
             table.add_row(k, str(v))
         console.print(table)
@@ -977,7 +1000,8 @@ EXAMPLES: dict[str, list[str]] = {
     "cancel": ["litstream cancel ro-1a2b3c"],
     "dlq": ["litstream dlq tail"],
     "dlq tail": ["litstream dlq tail -n 5", "litstream dlq tail --topic spans --json"],
-    "replay": ["litstream replay --verify", "litstream replay --sink clickhouse --truncate"],
+    "replay": ["litstream replay --verify", "litstream replay --until 2026-11-28T10:32:00",
+               "litstream replay --sink clickhouse --truncate"],
     "sql": ["litstream sql \"SELECT SpanName, count() FROM spans FINAL GROUP BY SpanName\"",
             "litstream sql \"SELECT rollout_id, reward FROM spans FINAL WHERE reward IS NOT NULL\" --format csv"],
     "report": ["litstream report", "litstream report --plot report/ && xdg-open report/report.html"],

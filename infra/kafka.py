@@ -240,25 +240,63 @@ def poll_batch(c: _Consumer, timeout: float, max_records: int = 1000) -> list[Me
 def read_to_end(settings: Settings, topic: str, timeout: float = 30.0) -> Iterator[Message]:
     """Every record of ``topic`` from the beginning to the current end (see :class:`PartitionEnds`).
     No group is joined and nothing is committed."""
-    meta = admin(settings).list_topics(topic=topic, timeout=10.0)
-    tmeta = meta.topics.get(topic)
-    if tmeta is None or tmeta.error is not None:
-        raise LookupError(f"topic {topic!r} does not exist; run `litstream topics create`")
-    parts = [TopicPartition(topic, p, 0) for p in tmeta.partitions]  # offset 0 = the beginning
+    return read_log(settings, topic, None, timeout)
+
+
+def read_log(settings: Settings, topic: str, until: dict[int, int] | None = None,
+             timeout: float = 30.0) -> Iterator[Message]:
+    """The records of ``topic`` from the beginning, in each partition's order: to the current end, or with
+    ``until`` (partition -> offset) those before that offset (a partition not named: none). No group is joined
+    and nothing is committed."""
+    partitions = topic_partitions(settings, topic)
+    stops = {p: until.get(p, 0) for p in partitions} if until is not None else None
+    wanted = [p for p in partitions if stops is None or stops[p] > 0]
+    if not wanted:
+        return
     c = consumer(settings, group_id=f"reader-{os.getpid()}-{time.monotonic_ns()}", **{"enable.partition.eof": True})
-    ends = PartitionEnds()
+    ends, passed = PartitionEnds(), set[int]()
     try:
-        c.assign(parts)
+        c.assign([TopicPartition(topic, p, 0) for p in wanted])  # offset 0 = the beginning
         deadline = time.monotonic() + timeout
-        while not ends.covers(p.partition for p in parts):
+        while not (ends.at_end | passed).issuperset(wanted):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"reading {topic} to its end took over {timeout:.0f}s")
             for msg in poll_batch(c, 0.05):
                 err = msg.error()
                 if err is not None and err.code() != KafkaError._PARTITION_EOF:
                     raise KafkaException(err)
-                if ends.record(msg):
-                    yield msg
+                if not ends.record(msg):
+                    continue
+                partition = int(msg.partition() or 0)
+                if stops is not None and int(msg.offset() or 0) >= stops[partition]:
+                    if partition not in passed:
+                        passed.add(partition)
+                        c.pause([TopicPartition(topic, partition)])
+                    continue
+                yield msg
+    finally:
+        c.close()
+
+
+def topic_partitions(settings: Settings, topic: str) -> list[int]:
+    """The partitions of ``topic``; LookupError if it does not exist."""
+    meta = admin(settings).list_topics(topic=topic, timeout=10.0)
+    tmeta = meta.topics.get(topic)
+    if tmeta is None or tmeta.error is not None:
+        raise LookupError(f"topic {topic!r} does not exist; run `litstream topics create`")
+    return sorted(tmeta.partitions)
+
+
+def offsets_at(settings: Settings, topic: str, when: float) -> dict[int, int]:
+    """Per partition, the offset of its first record written after ``when`` (seconds since the epoch; a record's
+    timestamp is when its producer sent it), or its end when none is: the log as it stood at that time."""
+    partitions = topic_partitions(settings, topic)
+    after_ms = int(when * 1000) + 1  # records at or before ``when``, to the millisecond, are in
+    c = consumer(settings, group_id=f"{topic}-times")
+    try:
+        found = c.offsets_for_times([TopicPartition(topic, p, after_ms) for p in partitions], timeout=30)
+        return {tp.partition: (tp.offset if tp.offset >= 0 else c.get_watermark_offsets(tp, timeout=30)[1])
+                for tp in found}
     finally:
         c.close()
 

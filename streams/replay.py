@@ -1,16 +1,19 @@
 """Replay: rebuild rollout state from the event log with the same pure fold the processor uses, and compare it
-with the live state (``litstream replay --verify``); or rebuild the ClickHouse tables from their topics
+with the live state (``litstream replay --verify``), or rebuild it as it was at an earlier point of the log
+(``litstream replay --until``, the gateway's ``as_of``); or rebuild the ClickHouse tables from their topics
 (``litstream replay --sink clickhouse``, :func:`replay_clickhouse`)."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from litstream.infra.clickhouse import ClickHouse, call_api, owner_api
-from litstream.infra.kafka import read_to_end
+from litstream.infra.kafka import offsets_at, read_log, read_to_end, topic_partitions
 from litstream.infra.settings import Settings
 from litstream.infra.topics import Topics
 from litstream.schemas.codec import Codec, default_codec
@@ -23,12 +26,54 @@ from .state import RolloutState
 from .stateview import StateView
 
 # Fields that say which event a snapshot followed, not what the state is.
-_OUTCOME_FIELDS = {"last_event_id", "last_producer_id", "last_producer_seq", "last_accepted", "last_reason"}
+OUTCOME_FIELDS = {"last_event_id", "last_producer_id", "last_producer_seq", "last_accepted", "last_reason"}
+
+
+@dataclass(frozen=True)
+class Until:
+    """A point in the log: a time (seconds since the epoch), or per partition the offset before which records
+    count. The state at that point is the fold of every record before it."""
+
+    time: float | None = None
+    offsets: dict[int, int] | None = None
+
+    def __str__(self) -> str:
+        if self.offsets is not None:
+            return ",".join(f"{p}:{o}" for p, o in sorted(self.offsets.items()))
+        return datetime.fromtimestamp(self.time or 0.0).astimezone().isoformat(timespec="milliseconds")
+
+
+_OFFSETS = re.compile(r"^\d+:\d+(,\d+:\d+)*$")
+_EPOCH = re.compile(r"^\d+(\.\d+)?$")
+
+
+def parse_until(text: str) -> Until:
+    """``2026-11-28T10:32:00`` (ISO 8601; without a zone, this machine's), ``1795868400.5`` (seconds since the
+    epoch), or ``0:120,1:98`` (the records before offset 120 of partition 0 and 98 of partition 1; a partition not
+    named: none of its records). ValueError, saying which forms there are, for anything else."""
+    text = text.strip()
+    if _OFFSETS.match(text):
+        offsets: dict[int, int] = {}
+        for part in text.split(","):
+            p, o = part.split(":")
+            if int(p) in offsets:
+                raise ValueError(f"partition {p} is named twice in {text!r}")
+            offsets[int(p)] = int(o)
+        return Until(offsets=offsets)
+    if _EPOCH.match(text):
+        return Until(time=float(text))
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"not a point in the log: {text!r}; give a time (2026-11-28T10:32:00, local unless it "
+                         "names its zone, or seconds since the epoch) or offsets per partition (0:120,1:98)") from None
+    return Until(time=when.astimezone().timestamp())
 
 
 @dataclass
 class ReplayResult:
     states: dict[str, RolloutState] = field(default_factory=dict)
+    until: dict[int, int] | None = None  # the log's point it was rebuilt at (partition -> offset), if not its end
     events: int = 0
     applied: int = 0
     duplicates: int = 0
@@ -58,7 +103,8 @@ class ReplayResult:
         return {"rollouts": len(self.states), "by_status": self.by_status(), "events": self.events,
                 "applied": self.applied, "duplicates": self.duplicates, "rejected": self.rejected,
                 "undecodable": self.undecodable, "seconds": round(self.seconds, 3),
-                "events_per_s": round(self.events / self.seconds) if self.seconds else None}
+                "events_per_s": round(self.events / self.seconds) if self.seconds else None,
+                **({"until": str(Until(offsets=self.until))} if self.until is not None else {})}
 
 
 def fold_events(events: Iterable[Event]) -> ReplayResult:
@@ -69,13 +115,19 @@ def fold_events(events: Iterable[Event]) -> ReplayResult:
     return result
 
 
-def replay(settings: Settings, codec: Codec | None = None) -> ReplayResult:
-    """Rebuild every rollout's state from ``rollout-events``, from the beginning to the current end."""
+def replay(settings: Settings, codec: Codec | None = None, until: Until | None = None,
+           rollout_id: str | None = None) -> ReplayResult:
+    """Rebuild every rollout's state (or only ``rollout_id``'s) from ``rollout-events``: from the beginning to the
+    current end, or to the point ``until`` (time travel: the state as it was then)."""
     codec = codec or default_codec(settings.schema_registry_url)
-    result = ReplayResult()
     t0 = time.perf_counter()
     topic = Topics(settings.topic_prefix).rollout_events
-    for msg in read_to_end(settings, topic, timeout=600):
+    stop = log_point(settings, until) if until is not None else None
+    result = ReplayResult(until=stop)
+    key = rollout_id.encode() if rollout_id is not None else None
+    for msg in read_log(settings, topic, stop, timeout=600):
+        if key is not None and msg.key() != key:
+            continue
         event = lifecycle_event(codec, topic, msg.key(), msg.value())
         if not isinstance(event, Unfoldable):
             result.apply(event)
@@ -88,8 +140,19 @@ def replay(settings: Settings, codec: Codec | None = None) -> ReplayResult:
     return result
 
 
+def log_point(settings: Settings, until: Until) -> dict[int, int]:
+    """``until`` as the offset per partition of ``rollout-events`` before which records count."""
+    topic = Topics(settings.topic_prefix).rollout_events
+    if until.offsets is None:
+        return offsets_at(settings, topic, until.time or 0.0)
+    unknown = sorted(set(until.offsets) - set(topic_partitions(settings, topic)))
+    if unknown:
+        raise ValueError(f"{topic} has no partition {unknown[0]} (it has {len(topic_partitions(settings, topic))})")
+    return dict(until.offsets)
+
+
 def comparable(snap: RolloutSnapshot) -> dict[str, Any]:
-    return snap.model_dump(mode="json", exclude=_OUTCOME_FIELDS)
+    return snap.model_dump(mode="json", exclude=OUTCOME_FIELDS)
 
 
 def diff(replayed: dict[str, RolloutState], live: dict[str, RolloutSnapshot], limit: int = 20) -> list[str]:

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
+from litstream.streams.replay import OUTCOME_FIELDS, Until, replay
 from litstream.streams.stateview import StateView
 from litstream.workers.store import LitStore
 
@@ -23,13 +24,22 @@ class GatewayContext:
         self._view_lock = threading.Lock()
         self._view: StateView | None = None  # made on first use: it opens a consumer
 
-    def snapshots(self) -> list[dict[str, Any]]:
-        """Every rollout's latest snapshot, caught up with its topic (blocking: run it in a thread)."""
+    def snapshots(self, rollout_id: str | None = None) -> list[dict[str, Any]]:
+        """Every rollout's latest snapshot (or only ``rollout_id``'s), caught up with its topic (blocking: run it
+        in a thread)."""
         with self._view_lock:
             if self._view is None:
                 self._view = StateView(self.settings)
             snaps = self._view.catch_up(timeout=5.0)
-            return [s.model_dump(mode="json") for s in snaps.values()]
+            chosen = snaps.values() if rollout_id is None else [snaps[rollout_id]] if rollout_id in snaps else []
+            return [s.model_dump(mode="json") for s in chosen]
+
+    def snapshots_as_of(self, until: Until, rollout_id: str | None = None) -> tuple[list[dict[str, Any]], str]:
+        """The rollouts (or only ``rollout_id``) as they were at a point of the log, replayed with the fold, and
+        that point as offsets (blocking: one read of ``rollout-events`` up to it)."""
+        result = replay(self.settings, until=until, rollout_id=rollout_id)
+        items = [s.snapshot().model_dump(mode="json", exclude=OUTCOME_FIELDS) for s in result.states.values()]
+        return items, str(Until(offsets=result.until))
 
 
 CONTEXT = web.AppKey("gateway", GatewayContext)

@@ -1,4 +1,5 @@
-"""``/v1/rollouts``: list the rollouts (optionally by status) and enqueue one.
+"""``/v1/rollouts``: list the rollouts (optionally by status), get one, enqueue one; ``as_of`` shows them as they
+were at an earlier point of the log (replayed with the fold).
 
 An enqueue goes through the gateway's store, like ``/v1/agl``'s: it answers once the lifecycle processor has
 stored the rollout, with the whole rollout, so an immediate read through either API finds it."""
@@ -7,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import get_args
+from typing import Any, get_args
 
 from aiohttp import web
 from pydantic import ValidationError
 
 from litstream.schemas.models import EnqueueRolloutRequest, RolloutStatus
+from litstream.streams.replay import parse_until
 from litstream.workers.store import StoreError
 
 from .context import context_of, error, read_json
@@ -26,13 +28,42 @@ async def list_rollouts(request: web.Request) -> web.Response:
     status = request.query.get("status")
     if status is not None and status not in STATUSES:
         return error(400, f"unknown status {status!r}; one of {', '.join(STATUSES)}", "status")
-    unknown = sorted(set(request.query) - {"status"})
+    unknown = sorted(set(request.query) - {"status", "as_of"})
     if unknown:
-        return error(400, f"unknown query parameter {unknown[0]!r}; the only one is 'status'", unknown[0])
-    items = await asyncio.to_thread(context_of(request).snapshots)
+        return error(400, f"unknown query parameter {unknown[0]!r}; the ones there are: status, as_of", unknown[0])
+    items, as_of = await _snapshots(request, None)
+    if isinstance(items, web.Response):
+        return items
     if status:
         items = [i for i in items if i["status"] == status]
-    return web.json_response({"items": items, "total": len(items)})
+    return web.json_response({"items": items, "total": len(items), **as_of})
+
+
+@routes.get("/v1/rollouts/{rollout_id}")
+async def get_rollout(request: web.Request) -> web.Response:
+    rollout_id = request.match_info["rollout_id"]
+    unknown = sorted(set(request.query) - {"as_of"})
+    if unknown:
+        return error(400, f"unknown query parameter {unknown[0]!r}; the only one is 'as_of'", unknown[0])
+    items, as_of = await _snapshots(request, rollout_id)
+    if isinstance(items, web.Response):
+        return items
+    if not items:
+        return error(404, f"no rollout {rollout_id}" + (f" as of {request.query['as_of']}" if as_of else ""))
+    return web.json_response({**items[0], **as_of})
+
+
+async def _snapshots(request: web.Request, rollout_id: str | None) -> tuple[Any, dict[str, str]]:
+    """The snapshots now, or with ``as_of`` as they were then (and that point as offsets); or the 400 to send."""
+    context = context_of(request)
+    text = request.query.get("as_of")
+    if text is None:
+        return await asyncio.to_thread(context.snapshots, rollout_id), {}
+    try:
+        items, offsets = await asyncio.to_thread(context.snapshots_as_of, parse_until(text), rollout_id)
+    except ValueError as exc:
+        return error(400, str(exc), "as_of"), {}
+    return items, {"as_of": offsets}
 
 
 @routes.post("/v1/rollouts")
