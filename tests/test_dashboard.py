@@ -206,6 +206,24 @@ def pages_through(page: Any, base: str) -> None:
     page.wait_for_selector("text=page 1 of")
 
 
+def as_of_shows_the_past(page: Any, base: str, rid: str) -> None:
+    """"As of" a moment before its first attempt began, the rollout was queuing: the list and its page say so,
+    replayed from the log, while today it has succeeded."""
+    snap = json.loads(call(f"{base}/v1/rollouts/{rid}")[1])
+    before_attempt = f"{snap['attempts'][0]['start_time'] - 0.002:.3f}"
+    page.goto(f"{base}/")
+    page.fill("input[name=as_of]", before_attempt)
+    page.press("input[name=as_of]", "Enter")
+    page.locator(f'tr[data-rollout="{rid}"] .pill.st-queuing').wait_for(timeout=60_000)
+    assert page.locator(".as-of").is_visible()
+    shot(page, "rollouts-as-of")
+    page.locator(f'tr[data-rollout="{rid}"] a').click()
+    page.wait_for_selector(".facts .pill.st-queuing")
+    assert "As of" in page.locator(".as-of").inner_text()
+    page.goto(f"{base}/?as_of=yesterday")
+    assert "0:120,1:98" in page.locator(".error").inner_text()  # what a point of the log looks like
+
+
 def span_tree_opens(page: Any, row: Any) -> None:
     """One rollout: attempts, the span tree (a row opens onto its attributes), LLM calls."""
     row.locator("a").click()
@@ -244,7 +262,9 @@ def test_dashboard_in_a_browser(stack: tuple[str, Settings], browser_page: Any) 
     bad.flush(10)
     log_in(page, base)
     row = rollout_appears_live(page, base)
+    rid = row.get_attribute("data-rollout")
     span_tree_opens(page, row)
+    as_of_shows_the_past(page, base, rid)
     for path, name, ready in (("/ui/training", "training", "#chart-reward"),
                               ("/ui/resources", "resources", "text=policy-v0"),
                               ("/ui/workers", "workers", "text=span-sink"),

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 from litstream.schemas.events import RolloutSnapshot
 from litstream.schemas.models import ROLLOUT_STATUSES, Span
 from litstream.schemas.policy_versions import parse_policy_version
+from litstream.streams.replay import parse_until
 
 PAGE_SIZE = 25
 MODES = ("train", "val", "test")
@@ -34,6 +35,7 @@ class RolloutFilter:
     resources_id: str = ""
     since: str = ""
     page: int = 1
+    as_of: str = ""  # a point of the log (docs/history.md): the rollouts as they were then
 
     @classmethod
     def from_query(cls, query: Mapping[str, str]) -> RolloutFilter:
@@ -48,7 +50,13 @@ class RolloutFilter:
             page = max(1, int(query.get("page", "1") or 1))
         except ValueError:
             raise BadFilter(f"page must be a whole number (got {query.get('page')!r})") from None
-        return cls(status, mode, query.get("resources_id", "").strip(), since, page)
+        as_of = query.get("as_of", "").strip()
+        if as_of:
+            try:
+                parse_until(as_of)
+            except ValueError as exc:
+                raise BadFilter(f"as of: {exc}") from None
+        return cls(status, mode, query.get("resources_id", "").strip(), since, page, as_of)
 
     def matches(self, s: RolloutSnapshot, now: float, used: frozenset[str] = frozenset()) -> bool:
         """``used``: rollouts whose spans name resources matching the filter (a rollout that names none runs on

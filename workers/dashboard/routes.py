@@ -23,14 +23,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from litstream.infra import clickhouse, health, metrics
 from litstream.infra.settings import Settings
+from litstream.schemas.events import RolloutSnapshot
 from litstream.schemas.models import ROLLOUT_STATUSES
 from litstream.schemas.policy_versions import parse_policy_version
+from litstream.streams.replay import parse_until
 from litstream.workers.store import LitStore
 
 from . import data
 from .auth import add_cookie_auth
 from .deadletters import DeadLetterFeed
 from .gauges import register_gateway_gauges
+from .history import PastPoint, PastStates
 
 HERE = Path(__file__).parent
 ROLES = ("lifecycle", "span-sink", "triplets", "trainer", "gateway", "runner")
@@ -78,6 +81,7 @@ class Dashboard:
         self.env = _environment()
         self._letters: DeadLetterFeed | None = None
         self._letters_lock = threading.Lock()  # the page (a worker thread) and a scrape (the metrics thread)
+        self.history = PastStates(settings)
 
     # -- helpers --------------------------------------------------------------------------------------------
 
@@ -114,10 +118,23 @@ class Dashboard:
         f, error = _filter(request)
         if error:
             return self.render("error.html", status=400, message=error)
+        try:
+            snapshots, past = await self.snapshots_at(f.as_of)
+        except (ValueError, LookupError, TimeoutError) as exc:
+            return self.render("error.html", status=400, message=f"as of {f.as_of}: {exc}")
         used = await self.rollouts_using(f.resources_id) if f.resources_id else frozenset()
-        page = data.rollout_page(self.store.rollouts.snapshots.values(), f, used=used)
-        facts = await self.span_facts([s.rollout_id for s in page.items])
-        return self.render("rollouts_list.html", page=page, f=f, facts=facts, now=time.time())
+        now = past.time if past is not None and past.time is not None else time.time()
+        page = data.rollout_page(snapshots.values(), f, now=now, used=used)
+        # A span's facts (resources used, reward) may come from after the point: not shown as of then.
+        facts = await self.span_facts([s.rollout_id for s in page.items]) if past is None else {}
+        return self.render("rollouts_list.html", page=page, f=f, facts=facts, now=now, past=past)
+
+    async def snapshots_at(self, as_of: str) -> tuple[dict[str, RolloutSnapshot], PastPoint | None]:
+        """The rollouts now (the store's view), or as they were at ``as_of`` (replayed; ValueError for a point
+        that is not one), with that point."""
+        if not as_of:
+            return self.store.rollouts.snapshots, None
+        return await asyncio.to_thread(self.history.at, parse_until(as_of))
 
     async def span_facts(self, rollout_ids: list[str]) -> dict[str, tuple[str, float | None]]:
         """Per rollout, from its spans: the resources it ran with and its last reward. Empty when the spans
@@ -138,20 +155,31 @@ class Dashboard:
         return frozenset(str(r[0]) for r in rows)
 
     async def rollout_page(self, request: web.Request) -> web.Response:
-        rid = _rollout_id(request)
-        snap = self.store.rollouts.snapshots.get(rid)
+        rid, as_of = _rollout_id(request), request.query.get("as_of", "").strip()
+        try:
+            snapshots, past = await self.snapshots_at(as_of)
+        except (ValueError, LookupError, TimeoutError) as exc:
+            return self.render("error.html", status=400, title="Rollout", active="rollouts", page_shell=True,
+                               message=f"as of {as_of}: {exc}")
+        snap = snapshots.get(rid)
         if snap is None:
+            when = f" as of {past.label}" if past is not None else " (yet): it appears here once the lifecycle " \
+                                                                  "processor has applied it"
             return self.render("error.html", status=404, title="Rollout", active="rollouts", page_shell=True,
-                               message=f"no rollout {rid!r} (yet): it appears here once the lifecycle "
-                                       "processor has applied it")
-        return self.page("rollout.html", f"Rollout {rid}", "rollouts", snap=snap)
+                               message=f"no rollout {rid!r}{when}")
+        return self.page("rollout.html", f"Rollout {rid}", "rollouts", snap=snap, past=past, as_of=as_of)
 
     async def rollout_summary(self, request: web.Request) -> web.Response:
-        rid = _rollout_id(request)
-        snap = self.store.rollouts.snapshots.get(rid)
+        rid, as_of = _rollout_id(request), request.query.get("as_of", "").strip()
+        try:
+            snapshots, past = await self.snapshots_at(as_of)
+        except (ValueError, LookupError, TimeoutError) as exc:
+            return self.render("error.html", status=400, message=f"as of {as_of}: {exc}")
+        snap = snapshots.get(rid)
         if snap is None:
             return self.render("error.html", status=404, message=f"no rollout {rid!r}")
-        return self.render("rollout_summary.html", snap=snap, bars=data.attempt_timeline(snap))
+        now = past.time if past is not None and past.time is not None else None
+        return self.render("rollout_summary.html", snap=snap, bars=data.attempt_timeline(snap, now))
 
     async def rollout_traces(self, request: web.Request) -> web.Response:
         rid = _rollout_id(request)
