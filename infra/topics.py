@@ -37,7 +37,8 @@ class TopicSpec:
     extra_config: dict[str, str] = field(default_factory=dict)
 
 
-# Retention (docs/durable-log.md): the lifecycle events and resources are the source of truth and kept forever;
+# Retention (docs/durable-log.md): the lifecycle events and resources are the source of truth and kept forever, and
+# so is each policy version's lineage (small: one record per version);
 # spans are kept a week once copied into ClickHouse (the span sink's copy is the one queried); offers are dead once
 # claimed, so a day; triplets a month (the trainer's input, replayable from the spans in ClickHouse after that).
 # Rollout state is compacted (each record is a whole snapshot: the newest per rollout is all a reader needs).
@@ -59,6 +60,8 @@ CATALOGUE: tuple[TopicSpec, ...] = (
               retention_ms=30 * DAY_MS),
     TopicSpec("workers", "worker_id", "Workers seen through their attempts and dequeues, and their heartbeats.",
               retention_ms=7 * DAY_MS, partitions=1),
+    TopicSpec("lineage", "resources_id", "What trained each policy version: its step's samples and their triplets.",
+              partitions=1),
 )
 DLQ_RETENTION_MS = 30 * DAY_MS
 
@@ -102,6 +105,10 @@ class Topics:
     @property
     def triplets(self) -> str:
         return self.name("triplets")
+
+    @property
+    def lineage(self) -> str:
+        return self.name("lineage")
 
     @property
     def workers(self) -> str:

@@ -491,6 +491,37 @@ class TripletEmitted(Event):
         return self.group_id
 
 
+class TrainedSample(AvroModel):
+    """One sample a step trained on: the triplets ``index`` .. ``index + turns - 1`` of an attempt."""
+
+    rollout_id: str
+    attempt_id: str
+    group_id: str
+    index: int = Field(ge=0)
+    turns: int = Field(1, ge=1)
+    policy_version: int | None = None  # the version that generated them
+    reward: float
+
+
+class VersionTrained(AvroModel):
+    """On ``lineage``, keyed by the version's resources id: what trained it (not rollout-scoped)."""
+
+    avro_name: ClassVar[str] = "litstream.VersionTrained"
+    event_id: str
+    resources_id: str = Field(min_length=1)
+    producer_id: str
+    producer_seq: int
+    timestamp_ns: int
+    version: int = Field(ge=1)  # N of policy-vN
+    time: float
+    window: str  # why the step's window closed: count, overflow, time, flush
+    samples: list[TrainedSample]
+
+    @property
+    def key(self) -> str:
+        return self.resources_id
+
+
 # --- Derived records (written by processors) ---------------------------------------------------------------
 
 
@@ -572,6 +603,7 @@ TOP_LEVEL: tuple[type[AvroModel], ...] = (
     RolloutEnqueued, RolloutStatusChanged, AttemptStarted, AttemptHeartbeat, AttemptStatusChanged,
     RolloutUpdated, AttemptUpdated, SequenceRequested,
     SpanRecorded, ResourcesPublished, TripletEmitted, RolloutOffered, RolloutSnapshot, WorkerObserved,
+    VersionTrained,
 )
 BY_NAME: dict[str, type[AvroModel]] = {cls.avro_name: cls for cls in TOP_LEVEL}  # type: ignore[attr-defined]
 

@@ -1,4 +1,5 @@
-"""Lifecycle events and triplets -> rows of the ``rollout_events`` and ``triplets`` tables, as Arrow (pure)."""
+"""Lifecycle events, triplets and lineage -> rows of the ``rollout_events``, ``triplets`` and ``trained_on`` tables,
+as Arrow (pure)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ from typing import Any, get_args
 
 import pyarrow as pa
 
-from litstream.schemas.events import AttemptStarted, Event, LifecycleEvent, RolloutEnqueued, TripletEmitted
+from litstream.schemas.events import (
+    AttemptStarted,
+    Event,
+    LifecycleEvent,
+    RolloutEnqueued,
+    TripletEmitted,
+    VersionTrained,
+)
 
 from .span_rows import NS, columns_to_arrow
 
@@ -30,6 +38,14 @@ TRIPLET_SCHEMA = pa.schema([
     ("response_logprobs", pa.list_(pa.float64())), ("prompt_text", pa.string()), ("response_text", pa.string()),
     ("reward", pa.float64()), ("metadata_json", pa.string()), ("event_id", pa.string()),
     ("producer_id", pa.string()), ("producer_seq", pa.uint64()), ("ingested_ns", pa.uint64()),
+])
+
+
+LINEAGE_SCHEMA = pa.schema([
+    ("version", pa.uint32()), ("resources_id", pa.string()), ("rollout_id", pa.string()), ("attempt_id", pa.string()),
+    ("index", pa.uint32()), ("group_id", pa.string()), ("generated_by", pa.uint32()), ("reward", pa.float64()),
+    ("turns", pa.uint32()), ("window", pa.string()), ("trained_time", pa.timestamp("us")), ("event_id", pa.string()),
+    ("ingested_ns", pa.uint64()),
 ])
 
 
@@ -102,3 +118,21 @@ def triplet_columns(triplets: list[TripletEmitted], ingested_ns: int | None = No
 
 def triplet_arrow(triplets: list[TripletEmitted], ingested_ns: int | None = None) -> pa.Table:
     return columns_to_arrow(triplet_columns(triplets, ingested_ns), TRIPLET_SCHEMA)
+
+
+def lineage_columns(records: list[VersionTrained], ingested_ns: int | None = None) -> list[list[Any]]:
+    """One row per triplet a version trained on: a sample of ``turns`` joined triplets is ``turns`` rows."""
+    now = ingested_ns if ingested_ns is not None else time.time_ns()
+    cols: list[list[Any]] = [[] for _ in LINEAGE_SCHEMA]
+    for r in records:
+        for s in r.samples:
+            for index in range(s.index, s.index + s.turns):
+                values = (r.version, r.resources_id, s.rollout_id, s.attempt_id, index, s.group_id, s.policy_version,
+                          s.reward, s.turns, r.window, int(r.time * 1e6), r.event_id, now)
+                for col, v in zip(cols, values):
+                    col.append(v)
+    return cols
+
+
+def lineage_arrow(records: list[VersionTrained], ingested_ns: int | None = None) -> pa.Table:
+    return columns_to_arrow(lineage_columns(records, ingested_ns), LINEAGE_SCHEMA)

@@ -15,17 +15,19 @@ import pyarrow as pa
 from litstream.infra.clickhouse import ClickHouse
 from litstream.infra.topics import Topics
 from litstream.schemas.codec import Codec, DecodeError
-from litstream.schemas.events import SpanRecorded, TripletEmitted
+from litstream.schemas.events import SpanRecorded, TripletEmitted, VersionTrained
 
 from .deadletter import DeadLetter, Rejected
-from .event_rows import LIFECYCLE_TYPES, Positioned, event_arrow, triplet_arrow
+from .event_rows import LIFECYCLE_TYPES, Positioned, event_arrow, lineage_arrow, triplet_arrow
 from .span_rows import span_record_arrow
 
 SPANS_TABLE = "spans"
 EVENTS_TABLE = "rollout_events"
 TRIPLETS_TABLE = "triplets"
+LINEAGE_TABLE = "trained_on"
 # topic role -> table; every table is a ReplacingMergeTree keyed by the record's identity (see migrations/).
-SINK_TOPICS: dict[str, str] = {"spans": SPANS_TABLE, "rollout-events": EVENTS_TABLE, "triplets": TRIPLETS_TABLE}
+SINK_TOPICS: dict[str, str] = {"spans": SPANS_TABLE, "rollout-events": EVENTS_TABLE, "triplets": TRIPLETS_TABLE,
+                               "lineage": LINEAGE_TABLE}
 
 
 def sink_topics(topics: Topics) -> dict[str, str]:
@@ -44,6 +46,8 @@ def decode_row(topics: Topics, codec: Codec, topic: str, partition: int, offset:
             return SPANS_TABLE, codec.decode_record(value, SpanRecorded), size
         if topic == topics.triplets:
             return TRIPLETS_TABLE, codec.decode_as(value, TripletEmitted), size
+        if topic == topics.lineage:
+            return LINEAGE_TABLE, codec.decode_as(value, VersionTrained), size
         if topic == topics.rollout_events:
             event = codec.decode(value)
             if not isinstance(event, LIFECYCLE_TYPES):
@@ -64,11 +68,12 @@ class SinkBatch:
     spans: list[dict[str, Any]] = field(default_factory=list)  # SpanRecorded Avro records: no model needed
     events: list[Positioned] = field(default_factory=list)
     triplets: list[TripletEmitted] = field(default_factory=list)
+    lineage: list[VersionTrained] = field(default_factory=list)
     letters: list[DeadLetter] = field(default_factory=list)
     nbytes: int = 0
 
     def __len__(self) -> int:
-        return len(self.spans) + len(self.events) + len(self.triplets) + len(self.letters)
+        return len(self.spans) + len(self.events) + len(self.triplets) + len(self.lineage) + len(self.letters)
 
     def add(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None) -> None:
         try:
@@ -85,12 +90,15 @@ class SinkBatch:
             self.spans.append(record)
         elif table == EVENTS_TABLE:
             self.events.append(record)
+        elif table == LINEAGE_TABLE:
+            self.lineage.append(record)
         else:
             self.triplets.append(record)
 
     def counts(self) -> dict[str, int]:
-        """Rows per table."""
-        return {SPANS_TABLE: len(self.spans), EVENTS_TABLE: len(self.events), TRIPLETS_TABLE: len(self.triplets)}
+        """Records per table (a lineage record is a version: its rows are its triplets)."""
+        return {SPANS_TABLE: len(self.spans), EVENTS_TABLE: len(self.events), TRIPLETS_TABLE: len(self.triplets),
+                LINEAGE_TABLE: len(self.lineage)}
 
     def tables(self) -> list[tuple[str, pa.Table]]:
         """Each table's rows as Arrow, ready for ``insert_arrow`` (tables without rows left out)."""
@@ -102,6 +110,8 @@ class SinkBatch:
             out.append((EVENTS_TABLE, event_arrow(self.events, now)))
         if self.triplets:
             out.append((TRIPLETS_TABLE, triplet_arrow(self.triplets, now)))
+        if self.lineage:
+            out.append((LINEAGE_TABLE, lineage_arrow(self.lineage, now)))
         return out
 
     def insert(self, ch: ClickHouse) -> dict[str, int]:

@@ -24,7 +24,9 @@ from litstream.schemas.events import (
     SpanEventRecord,
     SpanLinkRecord,
     SpanRecorded,
+    TrainedSample,
     TripletEmitted,
+    VersionTrained,
     WorkerObserved,
 )
 
@@ -69,6 +71,9 @@ def all_records() -> list[AvroModel]:
                        status="running", metadata={"x": 1}),
         SequenceRequested(meta=F.meta(RID), attempt_id="at-1", count=5),
         WorkerObserved(**F.stamp(), worker_id="w1", time=now, kind="heartbeat", heartbeat_stats={"load": 0.5}),
+        VersionTrained(**F.stamp(), resources_id="policy-v2", version=2, time=now, window="count",
+                       samples=[TrainedSample(rollout_id=RID, attempt_id="at-1", group_id="g", index=0, turns=2,
+                                              policy_version=1, reward=0.5)]),
         RolloutSnapshot(rollout_id=RID, version=3, input=[1, 2], start_time=now, status="running",
                         attempts=[AttemptSnapshot(attempt_id="at-1", sequence_id=1, start_time=now)],
                         updated_ns=time.time_ns()),

@@ -31,14 +31,21 @@ from litstream.infra.clickhouse import (
     write_owner,
 )
 from litstream.infra.clickhouse.resident import file_mappings
-from litstream.schemas.events import Event, TripletEmitted
-from litstream.streams.event_rows import LIFECYCLE_TYPES, Positioned, event_arrow, triplet_arrow
+from litstream.schemas.events import Event, TrainedSample, TripletEmitted, VersionTrained
+from litstream.streams.event_rows import (
+    LIFECYCLE_TYPES,
+    Positioned,
+    event_arrow,
+    lineage_arrow,
+    triplet_arrow,
+)
 from litstream.streams.span_rows import SPAN_COLUMNS, span_arrow, span_columns
 from tests.samples import RID, F, all_records, span
 
 MIGRATIONS = ["0001_spans", "0002_spans_genai_columns", "0003_rollout_events", "0004_triplets",
               "0005_spans_ttl_from_ingest", "0006_tool_calls_view", "0007_tool_usage_view",
-              "0008_tool_call_errors_view", "0009_attempt_tool_use_view"]
+              "0008_tool_call_errors_view", "0009_attempt_tool_use_view", "0010_trained_on", "0011_version_data_view",
+              "0012_triplet_versions_view", "0013_llm_call_versions_view"]
 
 
 def _with_database(url: str, database: str) -> str:
@@ -199,6 +206,36 @@ def test_triplets_collapse_by_rollout_attempt_and_index(ch: ClickHouse) -> None:
                     "policy_version, resources_id, metadata_json FROM triplets FINAL ORDER BY `index`").rows
     assert rows == [[0, 0.0, [1, 2], [3], [-0.25], "3", "policy-v3", '{"k":1}'],
                     [1, 0.5, [1, 2], [3], [-0.25], "3", "policy-v3", '{"k":1}']]
+
+
+def test_lineage_both_ways(ch: ClickHouse) -> None:
+    """version_data: a version's triplets with the version that generated them; triplet_versions: each triplet's
+    versions; llm_call_versions: the version that served each call. A version's record sent twice shows once."""
+    def triplet(index: int, generated_by: str) -> TripletEmitted:
+        return TripletEmitted(meta=F.meta(RID), attempt_id="at-1", group_id="g", index=index,
+                              policy_version=generated_by, prompt_text=f"p{index}", response_text=f"r{index}",
+                              reward=1.0)
+
+    def trained(version: int, samples: list[TrainedSample]) -> VersionTrained:
+        return VersionTrained(**F.stamp(), resources_id=f"policy-v{version}", version=version, time=1.0,
+                              window="count", samples=samples)
+
+    joined = TrainedSample(rollout_id=RID, attempt_id="at-1", group_id="g", index=0, turns=2, policy_version=2,
+                           reward=1.0)  # one sample of two turns: triplets 0 and 1
+    ch.insert_arrow("triplets", triplet_arrow([triplet(0, "2"), triplet(1, "2"), triplet(2, "policy-v4")]))
+    ch.insert_arrow("trained_on", lineage_arrow([trained(3, [joined])]))
+    ch.insert_arrow("trained_on", lineage_arrow([trained(3, [joined]), trained(5, [joined.model_copy(
+        update={"index": 2, "turns": 1, "policy_version": 4})])]))  # v3 again: a restarted trainer
+    rows = ch.query("SELECT version, `index`, generated_by, staleness, prompt_text FROM version_data "
+                    "ORDER BY version, `index`").rows
+    assert rows == [[3, 0, 2, 1, "p0"], [3, 1, 2, 1, "p1"], [5, 2, 4, 1, "p2"]]
+    rows = ch.query("SELECT `index`, generated_by, trained_into FROM triplet_versions WHERE rollout_id = "
+                    f"'{RID}' ORDER BY `index`").rows
+    assert rows == [[0, 2, [3]], [1, 2, [3]], [2, 4, [5]]]
+    served = span(7)
+    served = served.model_copy(update={"attributes": {**served.attributes, "litstream.policy.version": 4}})
+    ch.insert_arrow("spans", span_arrow([span(6), served]))
+    assert ch.query("SELECT sequence_id, served_by FROM llm_call_versions").rows == [[7, 4]]
 
 
 @pytest.mark.parametrize("sql", ["DROP TABLE spans", "INSERT INTO spans (SpanName) VALUES ('x')",

@@ -17,7 +17,7 @@ from litstream.infra.kafka import read_to_end
 from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
 from litstream.schemas.codec import default_codec
-from litstream.schemas.events import EventMeta, ResourcesPublished, TripletEmitted
+from litstream.schemas.events import EventMeta, ResourcesPublished, TripletEmitted, VersionTrained
 from litstream.trainer.checkpoint import latest_checkpoint, list_checkpoints
 
 GROUP, PER_STEP = 2, 2  # window: 2 complete groups of 2 triplets
@@ -77,3 +77,12 @@ def test_trainer_resumes_after_sigkill_without_losing_or_retraining(settings: Se
     published = {codec.decode_as(m.value(), ResourcesPublished).resources_id
                  for m in read_to_end(settings, f"{settings.topic_prefix}.resources")}
     assert published == {f"policy-v{v}" for v in range(7)}
+    # Lineage: each version names the triplets of its window; together every triplet, none twice.
+    trained: dict[int, set[str]] = {}
+    for m in read_to_end(settings, f"{settings.topic_prefix}.lineage"):
+        record = codec.decode_as(m.value(), VersionTrained)  # a version sent again after the kill: the same samples
+        samples = {s.rollout_id for s in record.samples}
+        assert trained.setdefault(record.version, samples) == samples
+    assert sorted(trained) == [1, 2, 3, 4, 5, 6]
+    assert all(len(rids) == GROUP * PER_STEP for rids in trained.values())
+    assert set().union(*trained.values()) == {t.rollout_id for batch in batches for t in batch}

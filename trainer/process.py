@@ -31,7 +31,13 @@ from litstream.infra.producer import EventProducer
 from litstream.infra.service import Service
 from litstream.infra.settings import Settings
 from litstream.schemas.codec import DecodeError
-from litstream.schemas.events import NamedResourceRecord, ResourcesPublished, TripletEmitted
+from litstream.schemas.events import (
+    NamedResourceRecord,
+    ResourcesPublished,
+    TrainedSample,
+    TripletEmitted,
+    VersionTrained,
+)
 from litstream.schemas.policy_versions import POLICY_RESOURCE, policy_resources_id
 from litstream.streams.consume_loop import ConsumeLoop, Fetch, Offsets, Record, Work
 from litstream.streams.deadletter import DeadLetters, Rejected
@@ -100,6 +106,7 @@ class TrainerProcess(Work[TripletEmitted]):
         self.drift: dict[str, float] = {}  # the last step's entropy, KL and clipped share (signals.drift_problem)
         self.restored_from: str | None = None  # the checkpoint whose weights this process fell back to
         self._checkpointed: Offsets = {}  # the positions the newest checkpoint holds
+        self._lineage: VersionTrained | None = None  # what trained the newest version (kept in its checkpoint)
         self.vllm = VllmEngine(self.cfg.vllm_url, f"{self.cfg.policy}-policy") if self.cfg.vllm_url else None
         torch.manual_seed(self.cfg.seed)
         latest = latest_checkpoint(self.root)
@@ -107,6 +114,8 @@ class TrainerProcess(Work[TripletEmitted]):
             self.learner = GrpoLearner.resume(latest, self.cfg.learner_config())
             extra = checkpoint_extra(latest)
             self.positions = {int(p): int(o) for p, o in extra.get("positions", {}).items()}
+            if extra.get("lineage"):  # sent again with the version's publication: a crash may have come between
+                self._lineage = VersionTrained.model_validate(extra["lineage"])
             snap = extra.get("window")
             self.windower = (Windower.restore(self.cfg.window(), snap) if snap
                              else Windower(self.cfg.window(), self.learner.version))
@@ -149,7 +158,8 @@ class TrainerProcess(Work[TripletEmitted]):
     # --- publishing ---------------------------------------------------------------------------------------
 
     def _save(self) -> Path:
-        extra = {"positions": {str(p): o for p, o in self.positions.items()}, "window": self.windower.snapshot()}
+        extra = {"positions": {str(p): o for p, o in self.positions.items()}, "window": self.windower.snapshot(),
+                 "lineage": self._lineage.model_dump(mode="json") if self._lineage is not None else None}
         path = self.learner.save(self.root, keep_last=self.cfg.keep_last, extra=extra, keep_every=self.cfg.keep_every)
         self._checkpointed = {(self.topics.triplets, p): o for p, o in self.positions.items()}
         return path
@@ -162,8 +172,11 @@ class TrainerProcess(Work[TripletEmitted]):
             sampling_parameters=dict(self.cfg.sampling))
 
     def publish(self) -> float:
-        """Swap the server's weights (vLLM) and publish the current version; returns the engine reload time."""
+        """Swap the server's weights (vLLM) and publish the current version, after what trained it (its lineage;
+        again after a restart: the sink keeps one copy); returns the engine reload time."""
         reload_s = self._swap_server_weights() if self.vllm else 0.0
+        if self._lineage is not None and self._lineage.version == self.learner.version:
+            self.events.send(self.topics.lineage, self._lineage)
         now = time.time()
         ev = ResourcesPublished(**self.events.factory.stamp(), resources_id=policy_resources_id(self.learner.version),
                                 version=1, create_time=now, update_time=now,
@@ -239,6 +252,7 @@ class TrainerProcess(Work[TripletEmitted]):
         for s in window.samples:
             by_version.setdefault(str(s.policy_version), []).append(s.reward)
         stats = self.learner.step(window.groups)
+        self._lineage = lineage(self.events.factory.stamp(), self.learner.version, window)
         t0 = time.perf_counter()
         self.path = self._save()
         save_s = time.perf_counter() - t0
@@ -265,6 +279,15 @@ class TrainerProcess(Work[TripletEmitted]):
                  stats.version, stats.samples, stats.groups, stats.reward_mean, stats.loss, stats.seconds, waited)
         self._last_step_end = time.monotonic()
         return stats
+
+
+def lineage(stamp: dict[str, Any], version: int, window: Window) -> VersionTrained:
+    """What trained ``version``: each sample of its window, the triplets it holds and where they came from."""
+    return VersionTrained(
+        **stamp, resources_id=policy_resources_id(version), version=version, time=time.time(), window=window.reason,
+        samples=[TrainedSample(rollout_id=s.rollout_id, attempt_id=s.attempt_id, group_id=s.group_id, index=s.index,
+                               turns=s.turns, policy_version=s.policy_version, reward=s.reward)
+                 for s in window.samples])
 
 
 def _observe_step(stats: StepStats) -> None:
