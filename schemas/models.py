@@ -242,3 +242,48 @@ class Triplet(BaseModel):
     response: Any
     reward: float | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+# --- lineage (docs/history.md): what trained a policy version, and what became of a rollout ---------------------
+
+
+class TrainedTriplet(BaseModel):
+    """A triplet a version trained on: where it came from, the version that generated it, its reward."""
+
+    rollout_id: str
+    attempt_id: str
+    index: int
+    generated_by: int | None  # the policy version that generated it
+    staleness: int | None  # versions between that one and the version it trained
+    reward: float
+
+
+class VersionLineage(BaseModel):
+    """What trained ``version``: its triplets grouped by task (the GRPO group)."""
+
+    version: int
+    triplets: int
+    tasks: dict[str, list[TrainedTriplet]]
+
+
+class LlmCallVersion(BaseModel):
+    attempt_id: str
+    sequence_id: int
+    span_name: str
+    served_by: int | None  # the policy version that answered the call
+
+
+class TripletLineage(BaseModel):
+    attempt_id: str
+    index: int
+    generated_by: int | None
+    reward: float | None
+    trained_into: list[int]  # the versions whose steps took it (empty: none yet)
+
+
+class RolloutLineage(BaseModel):
+    """The policy version behind each LLM call of a rollout, and the versions its triplets went into."""
+
+    rollout_id: str
+    calls: list[LlmCallVersion]
+    triplets: list[TripletLineage]

@@ -27,7 +27,7 @@ from litstream.workers.store import LitStore
 from ..agl_api import PREFIX, build_agl_app
 from ..dashboard.routes import add_dashboard_routes
 from ..otlp import add_otlp_routes
-from . import rollouts, sql, status
+from . import lineage, rollouts, sql, status
 from .auth import OPEN_PATHS, bearer_auth
 from .context import CONTEXT, GatewayContext
 from .cors import cors, parse_origins
@@ -41,6 +41,7 @@ HEARTBEAT_S = 2.0
 ROUTES: tuple[web.RouteTableDef, ...] = (
     status.routes,
     rollouts.routes,
+    lineage.routes,
     sql.routes,
 )
 
