@@ -22,8 +22,10 @@ from litstream.infra import health
 from litstream.infra.broker import KafkaBroker, free_port
 from litstream.infra.kafka import create_topics, producer
 from litstream.infra.metrics import LagCollector
+from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
 from litstream.infra.topics import Topics
+from litstream.schemas.events import TrainedSample, TripletEmitted, VersionTrained
 from tests.waiting import until
 
 TOKEN = "dash-s3cret"
@@ -224,6 +226,28 @@ def as_of_shows_the_past(page: Any, base: str, rid: str) -> None:
     assert "0:120,1:98" in page.locator(".error").inner_text()  # what a point of the log looks like
 
 
+def lineage_links_both_ways(page: Any, base: str, settings: Settings, rid: str) -> None:
+    """A version's lineage (as the trainer records it) shows on Training, opens onto its data, whose rollout
+    links back to the version its triplet went into."""
+    snap = json.loads(call(f"{base}/v1/rollouts/{rid}")[1])
+    events = EventProducer(settings, role="test")
+    events.send(events.topics.triplets, TripletEmitted(  # the rollout's triplet, as the triplet processor makes it
+        meta=events.factory.meta(rid), attempt_id=snap["attempts"][0]["attempt_id"], group_id="task-x", index=0,
+        policy_version="0", prompt_text="What is 4 + 5?", response_text="9", reward=1.0))
+    events.send(events.topics.lineage, VersionTrained(
+        **events.factory.stamp(), resources_id="policy-v99", version=99, time=snap["start_time"], window="count",
+        samples=[TrainedSample(rollout_id=rid, attempt_id=snap["attempts"][0]["attempt_id"], group_id="task-x",
+                               index=0, policy_version=0, reward=1.0)]))
+    events.flush()
+    events.close()
+    page.goto(f"{base}/ui/training")
+    page.locator('tr[data-version="99"] a').click(timeout=60_000)
+    page.wait_for_selector(f'table.task a[href="/ui/rollouts/{rid}"]')
+    shot(page, "version")
+    page.locator(f'table.task a[href="/ui/rollouts/{rid}"]').click()
+    page.wait_for_selector('#triplets a[href="/ui/versions/99"]', timeout=60_000)
+
+
 def span_tree_opens(page: Any, row: Any) -> None:
     """One rollout: attempts, the span tree (a row opens onto its attributes), LLM calls."""
     row.locator("a").click()
@@ -265,6 +289,7 @@ def test_dashboard_in_a_browser(stack: tuple[str, Settings], browser_page: Any) 
     rid = row.get_attribute("data-rollout")
     span_tree_opens(page, row)
     as_of_shows_the_past(page, base, rid)
+    lineage_links_both_ways(page, base, settings, rid)
     for path, name, ready in (("/ui/training", "training", "#chart-reward"),
                               ("/ui/resources", "resources", "text=policy-v0"),
                               ("/ui/workers", "workers", "text=span-sink"),

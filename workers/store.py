@@ -390,7 +390,7 @@ class LitStore:
         """What trained policy ``version``: its triplets by task, each with the version that generated it."""
         rows = await self._lineage_sql(
             "SELECT group_id, rollout_id, attempt_id, `index`, generated_by, staleness, reward FROM version_data "
-            "WHERE version = {version:UInt32} ORDER BY group_id, rollout_id, attempt_id, `index`", version=version)
+            "WHERE version = {version:UInt32} ORDER BY group_id, rollout_id, attempt_id, `index`", {"version": version})
         tasks: dict[str, list[TrainedTriplet]] = {}
         for group, rid, aid, index, generated_by, staleness, reward in rows:
             tasks.setdefault(str(group), []).append(TrainedTriplet(
@@ -402,17 +402,17 @@ class LitStore:
         """The version that served each LLM call of ``rollout_id``, and the versions its triplets went into."""
         calls = await self._lineage_sql(
             "SELECT attempt_id, sequence_id, span_name, served_by FROM llm_call_versions "
-            "WHERE rollout_id = {rollout_id:String} ORDER BY sequence_id", rollout_id=rollout_id)
+            "WHERE rollout_id = {rollout_id:String} ORDER BY sequence_id", {"rollout_id": rollout_id})
         triplets = await self._lineage_sql(
             "SELECT attempt_id, `index`, generated_by, reward, trained_into FROM triplet_versions "
-            "WHERE rollout_id = {rollout_id:String} ORDER BY attempt_id, `index`", rollout_id=rollout_id)
+            "WHERE rollout_id = {rollout_id:String} ORDER BY attempt_id, `index`", {"rollout_id": rollout_id})
         return RolloutLineage(
             rollout_id=rollout_id,
             calls=[LlmCallVersion(attempt_id=a, sequence_id=s, span_name=n, served_by=v) for a, s, n, v in calls],
             triplets=[TripletLineage(attempt_id=a, index=i, generated_by=g, reward=r, trained_into=list(t))
                       for a, i, g, r, t in triplets])
 
-    async def _lineage_sql(self, sql: str, **parameters: str | int) -> list[list[Any]]:
+    async def _lineage_sql(self, sql: str, parameters: clickhouse.Parameters) -> list[list[Any]]:
         res = await asyncio.to_thread(clickhouse.query, self.settings.resolved_clickhouse_dsn, sql, may_open=False,
                                       wait_s=10.0, parameters=parameters)
         return [list(r) for r in res.rows]

@@ -54,10 +54,18 @@ SELECT rollout_id, argMax(resources_id, sequence_id), argMaxIf(reward, sequence_
 FROM spans FINAL WHERE has({ids:Array(String)}, rollout_id) GROUP BY rollout_id
 """
 USING_SQL = "SELECT DISTINCT rollout_id FROM spans WHERE position(resources_id, {resources:String}) > 0"
+VERSIONS_SQL = """
+SELECT version, count() AS triplets, uniqExact(group_id) AS tasks, avg(reward) AS reward, avg(staleness) AS staleness,
+       max(trained_time) AS trained
+FROM version_data GROUP BY version ORDER BY version DESC LIMIT 50
+"""
 TRIPLETS_SQL = """
-SELECT attempt_id, `index`, policy_version, reward, prompt_text, response_text, length(prompt_token_ids),
-       length(response_token_ids)
-FROM triplets FINAL WHERE rollout_id = {rid:String} ORDER BY attempt_id, `index`
+SELECT t.attempt_id, t.`index`, t.policy_version, t.reward, t.prompt_text, t.response_text,
+       length(t.prompt_token_ids), length(t.response_token_ids), ifNull(v.trained_into, [])
+FROM (SELECT * FROM triplets FINAL WHERE rollout_id = {rid:String}) AS t
+LEFT JOIN (SELECT attempt_id, `index`, trained_into FROM triplet_versions WHERE rollout_id = {rid:String}) AS v
+ON t.attempt_id = v.attempt_id AND t.`index` = v.`index`
+ORDER BY t.attempt_id, t.`index`
 """
 
 
@@ -198,6 +206,25 @@ class Dashboard:
     async def training_page(self, _: web.Request) -> web.Response:
         return self.page("training.html", "Training", "training")
 
+    async def versions_fragment(self, _: web.Request) -> web.Response:
+        """The newest versions with what trained them (lineage), each linking to its data."""
+        try:
+            rows = (await self.sql(VERSIONS_SQL)).rows
+        except Exception as exc:  # noqa: BLE001 - the sink may be down: say so on the page
+            return self.render("error.html", status=503, message=f"lineage is not readable now: {exc}")
+        return self.render("versions_list.html", rows=rows)
+
+    async def version_page(self, request: web.Request) -> web.Response:
+        text = request.match_info["version"]
+        if not text.isdigit():
+            raise web.HTTPBadRequest(text=f"{text!r} is not a policy version (a number)")
+        try:
+            lineage = await self.store.version_lineage(int(text))
+        except Exception as exc:  # noqa: BLE001 - the sink may be down: say so on the page
+            return self.render("error.html", status=503, title=f"Policy v{text}", active="training",
+                               page_shell=True, message=f"lineage is not readable now: {exc}")
+        return self.page("version.html", f"Policy v{text}: what trained it", "training", lineage=lineage)
+
     async def training_json(self, _: web.Request) -> web.Response:
         path = self.settings.data_dir / TRAINER_METRICS_FILE
         records = await asyncio.to_thread(_read_jsonl, path)
@@ -301,6 +328,8 @@ def add_dashboard_routes(app: web.Application, settings: Settings, store: LitSto
     r.add_get("/ui/f/rollouts/{rid}/summary", d.rollout_summary)
     r.add_get("/ui/f/rollouts/{rid}/traces", d.rollout_traces)
     r.add_get("/ui/training", d.training_page)
+    r.add_get("/ui/f/versions", d.versions_fragment)
+    r.add_get("/ui/versions/{version}", d.version_page)
     r.add_get("/ui/api/training", d.training_json)
     r.add_get("/ui/f/resources", d.resources_fragment)
     r.add_get("/ui/f/workers", d.workers_fragment)
