@@ -821,7 +821,7 @@ def dlq_tail(which: str | None, count: int, as_json: bool) -> None:
 @main.command()
 @click.option("--sink", type=click.Choice(["memory", "clickhouse"]), default="memory", show_default=True,
               help="memory: fold rollout-events into a fresh in-memory store; clickhouse: rebuild the ClickHouse "
-                   "tables (spans, rollout_events, triplets) from their topics.")
+                   "tables (spans, rollout_events, triplets, trained_on) from their topics.")
 @click.option("--truncate", is_flag=True, help="With --sink clickhouse: empty the tables first.")
 @click.option("--verify", is_flag=True, help="Compare with the live state; exit 1 with a diff if they differ.")
 @click.option("--wait", default=30.0, show_default=True, help="With --verify: seconds to let the live state catch up.")
@@ -912,7 +912,8 @@ def _replay_clickhouse(settings: Settings, truncate: bool, as_json: bool) -> Non
 @click.argument("query")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
 def sql(query: str, fmt: str) -> None:
-    """Run one read-only SQL QUERY (tables `spans`, `rollout_events`, `triplets`; use FINAL) and print the result.
+    """Run one read-only SQL QUERY (tables `spans`, `rollout_events`, `triplets`, `trained_on` and their views;
+    use FINAL) and print the result.
 
     Only SELECT, WITH, SHOW, DESCRIBE, EXPLAIN and EXISTS, one statement, within the limits
     LITSTREAM_SQL_MAX_SECONDS, LITSTREAM_SQL_MAX_MEMORY_MB and LITSTREAM_SQL_MAX_ROWS. Exit 2 when the query is
