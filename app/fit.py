@@ -29,7 +29,15 @@ from litstream.infra.service import on_stop_signals
 from litstream.infra.settings import Settings
 from litstream.schemas.codec import Codec
 from litstream.schemas.events import SpanRecorded
-from litstream.schemas.models import FINISHED, LLM, QUEUING, NamedResources, ProxyLLM, RolloutConfig
+from litstream.schemas.models import (
+    FINISHED,
+    LLM,
+    QUEUING,
+    NamedResources,
+    ProxyLLM,
+    RolloutConfig,
+    new_run_id,
+)
 from litstream.schemas.policy_versions import POLICY_RESOURCE, parse_policy_version, policy_resources_id
 from litstream.streams.span_attrs import reward_dimension_values, reward_value
 from litstream.streams.stateview import StateView
@@ -260,6 +268,7 @@ class FitSummary:
     seconds: float
     interrupted: bool
     data_dir: str
+    run_id: str | None = None  # every rollout-scoped event of the run carries it (docs/history.md)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -272,7 +281,7 @@ class FitSummary:
                 "val_reward_by_version": {str(v): round(r, 4) for v, r in self.val_reward_by_version.items()},
                 "rollouts": self.rollouts, "failed": self.failed, "by_status": self.by_status,
                 "seconds": round(self.seconds, 1), "interrupted": self.interrupted, "data_dir": self.data_dir,
-                **self.extra}
+                "run_id": self.run_id, **self.extra}
 
 
 def agent_path(agent: Any) -> tuple[str, str | None]:
@@ -343,6 +352,7 @@ class Trainer:
         self.model = getattr(self.algorithm, "model", model)
         self.settings = settings or Settings()
         self.join = join
+        self.run_id: str | None = settings.run_id if settings is not None else None  # set when fit starts a stack
         self.resume = resume  # keep the checkpoints of the last run: the GRPO trainer goes on from its newest
         # False: no policy server; agents use the trainer's own publications (torch:// weights, in-process)
         self.serve_policy = serve_policy
@@ -443,8 +453,9 @@ class Trainer:
                 driver.close()
             return
         run_dir = self.settings.data_dir / self.run_name
-        _clear_run_dir(run_dir, keep=["checkpoints", "trainer-metrics.jsonl"] if self.resume else [])
-        update: dict[str, object] = {"data_dir": run_dir, "clickhouse_dsn": None}
+        _clear_run_dir(run_dir, keep=["checkpoints", "trainer-metrics.jsonl", RUN_FILE] if self.resume else [])
+        self.run_id = _run_id(run_dir, self.resume)
+        update: dict[str, object] = {"data_dir": run_dir, "clickhouse_dsn": None, "run_id": self.run_id}
         self._check_stop()
         with Stack(self.settings.model_copy(update=update)) as stack:
             settings_text = getattr(self.algorithm, "settings_text", None)
@@ -521,11 +532,28 @@ class Trainer:
         return FitSummary(algorithm=self.algorithm.name, train_reward_by_version=History.means(h.train),
                           val_reward_by_version=History.means(h.val), rollouts=h.rollouts, failed=h.failed,
                           by_status=dict(h.statuses), seconds=seconds, interrupted=interrupted,
-                          data_dir=str(self.settings.data_dir), extra=extra)
+                          data_dir=str(self.settings.data_dir), run_id=self.run_id, extra=extra)
 
 
 class _StoppedWhileStarting(Exception):
     """Ctrl-C came while the stack was starting: unwind (stopping what started) and return the summary."""
+
+
+RUN_FILE = "run.json"
+
+
+def _run_id(run_dir: Path, resume: bool) -> str:
+    """The run's id: a new one, or with ``resume`` the one the run being resumed recorded; kept in ``run.json``."""
+    path = run_dir / RUN_FILE
+    if resume and path.exists():
+        try:
+            return str(json.loads(path.read_text())["run_id"])
+        except (ValueError, KeyError, TypeError):
+            pass  # unreadable: the resumed weights go on under a new id
+    run_id = new_run_id()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"run_id": run_id, "name": run_dir.name, "started": time.time()}) + "\n")
+    return run_id
 
 
 def _clear_run_dir(run_dir: Path, keep: list[str]) -> None:

@@ -26,7 +26,7 @@ class EventProducer:
         self.settings = settings
         self.topics = Topics(settings.topic_prefix)
         self.codec = codec or default_codec(settings.schema_registry_url)
-        self.factory = EventFactory(settings.producer_id, role=role)
+        self.factory = EventFactory(settings.producer_id, role=role, run_id=settings.run_id)
         self._errors: list[str] = []
         self._errors_lock = threading.Lock()  # delivery reports are served on whichever thread polls or flushes
         self._producer = producer(settings, **{"client.id": f"litstream-{role}", **producer_overrides})

@@ -55,6 +55,9 @@ class Settings(BaseSettings):
     clickhouse_dsn: str | None = None  # default: chdb:///<data_dir>/chdb
     schema_registry_url: str | None = None
     producer_id: str | None = None  # default: <role>-<host>-<pid>
+    # The training run this process works for (`Trainer.fit` / `litstream train` set it for their stack): every
+    # rollout-scoped event it writes carries it (docs/history.md). None: no run.
+    run_id: str | None = Field(None, pattern=r"^[A-Za-z0-9._:-]{1,100}$")
     # The consumer group session timeout of every client (librdkafka and Faust): a member silent that long is
     # dropped and its partitions go to the others, so it bounds how soon a killed worker's rollouts move on.
     session_timeout_ms: int = Field(10_000, ge=1000, le=300_000)

@@ -66,7 +66,10 @@ def _name_of(parsed: Any) -> str:
 
 
 class SchemaStore:
-    """Writer schemas by fingerprint, and the reader schema (this code's version) of every record name."""
+    """Writer schemas by fingerprint, and the reader schema (this code's version) of every record name.
+
+    Earlier versions of the schemas (``avro/v1/``, ...) are registered as writers too, so events written before a
+    schema evolved still decode: fastavro resolves them to this code's version (a new field takes its default)."""
 
     def __init__(self, directory: Path = AVRO_DIR) -> None:
         self._by_fp: dict[bytes, Any] = {}
@@ -76,6 +79,10 @@ class SchemaStore:
             parsed = fastavro.parse_schema(load_schema(str(directory / f"{name}.avsc"), _write_hint=False))
             self.readers[name] = parsed
             self.reader_fp[name] = self.register(parsed)
+        for earlier in sorted(p for p in directory.glob("v*") if p.is_dir()):
+            for name in BY_NAME:
+                if (earlier / f"{name}.avsc").exists():
+                    self.register(load_schema(str(earlier / f"{name}.avsc"), _write_hint=False))
 
     def register(self, schema: Any) -> bytes:
         """Add a writer schema (e.g. an older or newer version of a record); returns its fingerprint."""

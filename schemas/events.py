@@ -239,6 +239,7 @@ class EventMeta(AvroModel):
     producer_id: str = Field(min_length=1)
     producer_seq: int = Field(ge=0)
     timestamp_ns: int = Field(ge=0)
+    run_id: str | None = None  # the training run (None: none, or an event written before runs were recorded)
 
 
 class Event(AvroModel):
@@ -512,6 +513,7 @@ class VersionTrained(AvroModel):
     producer_id: str
     producer_seq: int
     timestamp_ns: int
+    run_id: str | None = None  # the training run
     version: int = Field(ge=1)  # N of policy-vN
     time: float
     window: str  # why the step's window closed: count, overflow, time, flush
@@ -615,8 +617,9 @@ class EventFactory:
     continues above what it wrote before.
     """
 
-    def __init__(self, producer_id: str | None = None, role: str = "client") -> None:
+    def __init__(self, producer_id: str | None = None, role: str = "client", run_id: str | None = None) -> None:
         self.producer_id = producer_id or f"{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.run_id = run_id  # stamped on every rollout-scoped event
         self._last = 0
         self._lock = threading.Lock()
 
@@ -633,7 +636,7 @@ class EventFactory:
     def meta_record(self, rollout_id: str) -> dict[str, Any]:
         """:meth:`meta` as its Avro record, for producers that write records directly (the span exporter)."""
         return {"event_id": uuid.uuid4().hex, "rollout_id": rollout_id, "producer_id": self.producer_id,
-                "producer_seq": self.next_seq(), "timestamp_ns": time.time_ns()}
+                "producer_seq": self.next_seq(), "timestamp_ns": time.time_ns(), "run_id": self.run_id}
 
     def meta(self, rollout_id: str) -> EventMeta:
         return EventMeta(
@@ -642,4 +645,5 @@ class EventFactory:
             producer_id=self.producer_id,
             producer_seq=self.next_seq(),
             timestamp_ns=time.time_ns(),
+            run_id=self.run_id,
         )

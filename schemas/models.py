@@ -7,6 +7,7 @@ objects unchanged. Times are epoch seconds (floats), as in the reference.
 from __future__ import annotations
 
 import hashlib
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Annotated, Any, Generic, Literal, TypeVar, Union
@@ -32,6 +33,11 @@ def generate_id(n: int) -> str:
 
 def new_rollout_id() -> str:
     return "ro-" + generate_id(12)
+
+
+def new_run_id() -> str:
+    """A training run's id: when it started (UTC, to the second) and a random part."""
+    return time.strftime("run-%Y%m%dT%H%M%SZ-", time.gmtime()) + generate_id(6)
 
 
 def new_attempt_id() -> str:

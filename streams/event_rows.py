@@ -28,7 +28,7 @@ EVENT_SCHEMA = pa.schema([
     ("worker_id", pa.string()), ("resources_id", pa.string()), ("mode", pa.string()), ("error", pa.string()),
     ("event_id", pa.string()), ("producer_id", pa.string()), ("producer_seq", pa.uint64()),
     ("kafka_partition", pa.uint32()), ("kafka_offset", pa.uint64()), ("ingested_ns", pa.uint64()),
-    ("raw_json", pa.string()),
+    ("raw_json", pa.string()), ("run_id", pa.string()),
 ])
 
 TRIPLET_SCHEMA = pa.schema([
@@ -37,12 +37,12 @@ TRIPLET_SCHEMA = pa.schema([
     ("prompt_token_ids", pa.list_(pa.int64())), ("response_token_ids", pa.list_(pa.int64())),
     ("response_logprobs", pa.list_(pa.float64())), ("prompt_text", pa.string()), ("response_text", pa.string()),
     ("reward", pa.float64()), ("metadata_json", pa.string()), ("event_id", pa.string()),
-    ("producer_id", pa.string()), ("producer_seq", pa.uint64()), ("ingested_ns", pa.uint64()),
+    ("producer_id", pa.string()), ("producer_seq", pa.uint64()), ("ingested_ns", pa.uint64()), ("run_id", pa.string()),
 ])
 
 
 LINEAGE_SCHEMA = pa.schema([
-    ("version", pa.uint32()), ("resources_id", pa.string()), ("rollout_id", pa.string()), ("attempt_id", pa.string()),
+    ("version", pa.uint32()), ("run_id", pa.string()), ("resources_id", pa.string()), ("rollout_id", pa.string()), ("attempt_id", pa.string()),
     ("index", pa.uint32()), ("group_id", pa.string()), ("generated_by", pa.uint32()), ("reward", pa.float64()),
     ("turns", pa.uint32()), ("window", pa.string()), ("trained_time", pa.timestamp("us")), ("event_id", pa.string()),
     ("ingested_ns", pa.uint64()),
@@ -90,6 +90,7 @@ def event_columns(events: list[Positioned], ingested_ns: int | None = None) -> l
             meta.timestamp_ns, type(e).__name__, meta.rollout_id, attempt_id, seq, _str(e, "status"),
             _event_time_us(e), _str(e, "worker_id"), _str(e, "resources_id"), _str(e, "mode"), error,
             meta.event_id, meta.producer_id, meta.producer_seq, p.partition, p.offset, now, e.model_dump_json(),
+            meta.run_id or "",
         )
         for col, v in zip(cols, values):
             col.append(v)
@@ -109,7 +110,7 @@ def triplet_columns(triplets: list[TripletEmitted], ingested_ns: int | None = No
             t.meta.timestamp_ns, t.rollout_id, t.attempt_id, t.index, t.group_id, t.policy_version or "",
             t.resources_id or "", t.prompt_token_ids, t.response_token_ids, t.response_logprobs, t.prompt_text,
             t.response_text, t.reward, record["metadata_json"], t.meta.event_id, t.meta.producer_id,
-            t.meta.producer_seq, now,
+            t.meta.producer_seq, now, t.meta.run_id or "",
         )
         for col, v in zip(cols, values):
             col.append(v)
@@ -127,7 +128,7 @@ def lineage_columns(records: list[VersionTrained], ingested_ns: int | None = Non
     for r in records:
         for s in r.samples:
             for index in range(s.index, s.index + s.turns):
-                values = (r.version, r.resources_id, s.rollout_id, s.attempt_id, index, s.group_id, s.policy_version,
+                values = (r.version, r.run_id or "", r.resources_id, s.rollout_id, s.attempt_id, index, s.group_id, s.policy_version,
                           s.reward, s.turns, r.window, int(r.time * 1e6), r.event_id, now)
                 for col, v in zip(cols, values):
                     col.append(v)

@@ -20,7 +20,7 @@ SPAN_COLUMNS: list[str] = [
     "ResourceAttributes", "ScopeName", "ScopeVersion", "SpanAttributes", "Duration", "StatusCode", "StatusMessage",
     "Events.Timestamp", "Events.Name", "Events.Attributes",
     "Links.TraceId", "Links.SpanId", "Links.TraceState", "Links.Attributes",
-    "rollout_id", "attempt_id", "sequence_id", "resources_id", "ingested_ns", "raw_json",
+    "rollout_id", "attempt_id", "sequence_id", "resources_id", "ingested_ns", "raw_json", "run_id",
 ]
 
 # Arrow types per column. DateTime64(9) goes as timestamp[ns] built from integer nanoseconds: exact (no Python
@@ -38,7 +38,7 @@ SPAN_SCHEMA = pa.schema([
     ("Links.TraceId", pa.list_(pa.string())), ("Links.SpanId", pa.list_(pa.string())),
     ("Links.TraceState", pa.list_(pa.string())), ("Links.Attributes", pa.list_(ATTR_MAP)),
     ("rollout_id", pa.string()), ("attempt_id", pa.string()), ("sequence_id", pa.uint64()),
-    ("resources_id", pa.string()), ("ingested_ns", pa.uint64()), ("raw_json", pa.string()),
+    ("resources_id", pa.string()), ("ingested_ns", pa.uint64()), ("raw_json", pa.string()), ("run_id", pa.string()),
 ])
 assert SPAN_SCHEMA.names == SPAN_COLUMNS
 
@@ -96,7 +96,7 @@ def span_record_columns(records: list[dict[str, Any]], ingested_ns: int | None =
         [[_attrs(ln["attributes"]) for ln in lns] for lns in links],
         [r["meta"]["rollout_id"] for r in records], [r["attempt_id"] for r in records],
         [r["sequence_id"] for r in records], [r["resources_id"] or "" for r in records], [now] * len(records),
-        [_raw_json(r) for r in records],
+        [_raw_json(r) for r in records], [r["meta"].get("run_id") or "" for r in records],
     ]
 
 

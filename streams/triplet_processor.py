@@ -232,7 +232,8 @@ class TripletProcessor(Work[Incoming]):
             metadata["image_urls"] = t.image_urls
         meta = EventMeta(event_id=triplet_event_id(attempt.rollout_id, attempt.attempt_id, index),
                          rollout_id=attempt.rollout_id, producer_id=self.events.producer_id,
-                         producer_seq=self.events.factory.next_seq(), timestamp_ns=time.time_ns())
+                         producer_seq=self.events.factory.next_seq(), timestamp_ns=time.time_ns(),
+                         run_id=self.events.factory.run_id)
         return TripletEmitted(meta=meta, attempt_id=attempt.attempt_id, group_id=group_id_of(snap, attempt.rollout_id),
                               index=index, policy_version=str(version) if version is not None else None,
                               resources_id=resources_id, prompt_token_ids=t.prompt_token_ids,

@@ -13,7 +13,7 @@ from fastavro.schema import load_schema
 from pydantic import BaseModel
 
 from litstream.schemas.codec import AVRO_DIR, Codec, DecodeError, SchemaStore, fingerprint, rabin_fingerprint
-from litstream.schemas.events import BY_NAME, AvroModel, RolloutEnqueued
+from litstream.schemas.events import BY_NAME, AvroModel, EventFactory, RolloutEnqueued
 from tests.samples import RID, F, all_records
 
 
@@ -45,6 +45,26 @@ def test_fingerprint_is_the_avro_crc64() -> None:
     for name, parsed in SchemaStore().readers.items():
         canonical = fastavro.schema.to_parsing_canonical_form(parsed)
         assert fingerprint(parsed).hex() == fastavro.schema.fingerprint(canonical, "CRC-64-AVRO"), name
+
+
+@pytest.mark.parametrize("record", [r for r in all_records()
+                                    if (AVRO_DIR / "v1" / f"{type(r).avro_name}.avsc").exists()],  # type: ignore[attr-defined]
+                         ids=lambda r: type(r).__name__)
+def test_events_written_before_runs_were_recorded_still_decode(record: AvroModel) -> None:
+    """Bytes as the first version of the schemas wrote them (no run id) decode to this code's models."""
+    name = type(record).avro_name  # type: ignore[attr-defined]
+    v1 = Codec(writers={name: load_schema(str(AVRO_DIR / "v1" / f"{name}.avsc"), _write_hint=False)})
+    if hasattr(record, "meta"):
+        record = record.model_copy(update={"meta": record.meta.model_copy(update={"run_id": None})})
+    data = v1.encode(record)
+    assert Codec().decode(data) == record
+
+
+def test_a_run_id_travels_with_every_rollout_scoped_event() -> None:
+    f = EventFactory(role="test", run_id="run-20261129T020000Z-abc123")
+    event = RolloutEnqueued(meta=f.meta(RID), input=1, start_time=1.0)
+    assert Codec().decode(Codec().encode(event)).meta.run_id == "run-20261129T020000Z-abc123"  # type: ignore[attr-defined]
+    assert f.meta_record(RID)["run_id"] == "run-20261129T020000Z-abc123"
 
 
 def _v2_schema() -> dict:

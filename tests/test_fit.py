@@ -20,6 +20,7 @@ import pytest
 
 from litstream.app.fit import StackDriver, Trainer, agent_path, load_dataset
 from litstream.app.stack import Stack
+from litstream.infra import clickhouse
 from litstream.infra.broker import KafkaBroker
 from litstream.infra.kafka import create_topics
 from litstream.infra.settings import Settings
@@ -96,6 +97,11 @@ def test_fit_makes_n_times_group_size_training_rollouts_and_validates_each_versi
     # The reward's other dimension is validated beside it.
     v0 = summary.extra["validation"]["0"]
     assert v0["dimensions"] == {"one": {"mean": 1.0, "se": 0.0}} and 0.0 <= v0["mean"] <= 1.0
+    # Every event the run's stack wrote carries its run id, down to the tables.
+    assert summary.run_id is not None and summary.run_id.startswith("run-")
+    dsn = Settings(data_dir=Path(summary.data_dir)).resolved_clickhouse_dsn
+    for table in ("rollout_events", "spans", "triplets"):
+        assert clickhouse.query(dsn, f"SELECT DISTINCT run_id FROM {table}").rows == [[summary.run_id]], table
 
 
 @pytest.mark.timeout(900)

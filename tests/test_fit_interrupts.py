@@ -117,6 +117,7 @@ def test_ctrl_c_during_fit_stops_cleanly_and_a_rerun_resumes_from_the_checkpoint
     assert again.returncode == 0, again.stderr[-3000:]
     resumed = json.loads(again.stdout.splitlines()[-1])
     assert min(int(v) for v in resumed["train_reward_by_version"]) >= reached  # went on, not from v0
+    assert resumed["run_id"] == summary["run_id"]  # the same run
     assert resumed["rollouts"] == 2
 
 

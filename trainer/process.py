@@ -252,7 +252,8 @@ class TrainerProcess(Work[TripletEmitted]):
         for s in window.samples:
             by_version.setdefault(str(s.policy_version), []).append(s.reward)
         stats = self.learner.step(window.groups)
-        self._lineage = lineage(self.events.factory.stamp(), self.learner.version, window)
+        self._lineage = lineage({**self.events.factory.stamp(), "run_id": self.events.factory.run_id},
+                                self.learner.version, window)
         t0 = time.perf_counter()
         self.path = self._save()
         save_s = time.perf_counter() - t0

@@ -3,6 +3,7 @@
 CREATE TABLE IF NOT EXISTS trained_on
 (
     version UInt32,                                             -- N of policy-vN, the version this step made
+    run_id LowCardinality(String),                              -- the training run ('' for none)
     resources_id LowCardinality(String),
     rollout_id String CODEC(ZSTD(1)),
     attempt_id String CODEC(ZSTD(1)),
