@@ -9,7 +9,9 @@ once with 16, against:
   broker, each a process of its own;
 * Agent Lightning 0.3.0: LightningStoreServer(InMemoryLightningStore()) in a process of its own.
 
-Reported: rollouts/s per agent count, and p50/p90 of every call kind (the same client code times both). Each side
+Reported: rollouts/s per agent count, p50/p90 of every call kind (the same client code times both), and the
+CPU-milliseconds per rollout of each server's whole process tree over each run (litstream: every process of the
+stack, the broker's JVM included, and again without it; the reference: its server's process). Each side
 first runs 100 rollouts through the same loop untimed (``Sizes.warmup``): the broker's JVM compiles its hot code
 in its first thousands of requests (a produce's acknowledgement took 0.8 ms p50 over a fresh broker's first 300,
 0.23-0.29 ms once warm).
@@ -47,9 +49,28 @@ REF = f"{AGL} agent loop (same client -> LightningStoreServer over InMemory)"
 CALL_KINDS = ("enqueue_rollout", "dequeue_rollout", "get_next_span_sequence_id", "add_span", "update_attempt")
 
 
-def _config(sizes: Sizes, url: str | None) -> dict[str, Any]:
+def _config(sizes: Sizes, url: str | None, cpu_pids: dict[str, list[int]] | None = None) -> dict[str, Any]:
     return {"mode": "agent_loop", "url": url, "n": sizes.n, "workers": list(sizes.workers), "spans": sizes.spans,
-            "variants": span_variants(), "empty_sleep_s": 0.01, "warmup": sizes.warmup}
+            "variants": span_variants(), "empty_sleep_s": 0.01, "warmup": sizes.warmup, "cpu_pids": cpu_pids}
+
+
+CPU = "CPU-ms per rollout"
+
+
+def cpu_label(side: str, workers: int) -> str:
+    return f"{side} agent loop {CPU}, {workers} agent{'s' if workers > 1 else ''}"
+
+
+def _cpu_rows(sizes: Sizes, result: dict[str, Any], groups: dict[str, str]) -> list[Row]:
+    """Per agent count and per group of processes (label -> the groups it sums), the CPU-ms per rollout."""
+    rows = []
+    for w in sizes.workers:
+        spent = result["runs"][str(w)].get("cpu_ms_per_rollout", {})
+        for side, parts in groups.items():
+            if all(p in spent for p in parts.split("+")):
+                ms = sum(spent[p] for p in parts.split("+"))
+                rows.append(Row(cpu_label(side, w), value=ms, note=f"CPU-ms per rollout ({parts})"))
+    return rows
 
 
 def _labels(prefix: str, sizes: Sizes) -> list[str]:
@@ -86,14 +107,16 @@ def run(ctx: Context) -> Report:
         url = stack.start_store(free_port())
         assert broker.proc is not None
         pids = {"broker": broker.proc.pid, **{name: role.proc.pid for name, role in stack.roles.items()}}
+        groups = {"broker": [broker.proc.pid], "stack": [pid for name, pid in pids.items() if name != "broker"]}
         before = cpu_of(pids)
-        lit, missing = agl_baseline(ctx, _config(sizes, url), _labels(LIT, sizes))
+        lit, missing = agl_baseline(ctx, _config(sizes, url, groups), _labels(LIT, sizes))
         cpu_note = _cpu_note(before, cpu_of(pids))
     if lit is None:
         rows += missing or [Row(label, note="skipped (--no-agl: the stock client lives in the Agent Lightning venv)")
                             for label in _labels(LIT, sizes)]
     else:
         rows += _rows(LIT, sizes, lit)
+        rows += _cpu_rows(sizes, lit, {"litstream": "stack+broker", "litstream without the broker": "stack"})
         rows.append(Row("litstream agent loop: where the CPU went", note=cpu_note))
         params["litstream"] = lit["runs"]
         params["litstream_cpu_note"] = cpu_note
@@ -102,5 +125,6 @@ def run(ctx: Context) -> Report:
         rows += missing
     else:
         rows += _rows(REF, sizes, ref)
+        rows += _cpu_rows(sizes, ref, {AGL: "server"})
         params["agl"] = ref["runs"]
     return Report(rows, params)

@@ -59,10 +59,13 @@ litstream. It reads its config as one JSON object on stdin and prints one JSON l
       {"mode": "agent_loop", "url": null, "n": 400, "workers": [1, 16], "spans": 10, "variants": [...],
        "empty_sleep_s": 0.01, "warmup": 100}
 
-  `warmup` rollouts go through the same loop first, untimed, with the most agents (0: none).
+  `warmup` rollouts go through the same loop first, untimed, with the most agents (0: none). `cpu_pids`
+  ({group: [pid, ...]}, given with `url`) names the server's processes; without `url`, the reference server's
+  own. Each run reports the CPU (user + system) that each group's processes and all their descendants spent on
+  it, per rollout.
 
   -> {..., "runs": {"16": {"wall_s", "rollouts", "empty_dequeues", "calls": {kind: {"n", "p50_ms", "p90_ms",
-      "p99_ms"}}}}}
+      "p99_ms"}}, "cpu_ms_per_rollout": {group: ms}}}}
 
 * "adapter": TracerTraceToTriplet().adapt over traces given as span dicts, only the adapt calls timed:
 
@@ -597,12 +600,57 @@ async def agent_loop_run(url: str, cfg: dict[str, Any], workers: int) -> dict[st
             "calls": {k: percentiles(v) for k, v in calls.items() if v}}
 
 
+def tree_cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) spent so far by these processes and every descendant still running (read from
+    /proc: a process's own times, its threads included)."""
+    children: dict[int, list[int]] = {}
+    for stat in _proc_stats():
+        children.setdefault(stat[1], []).append(stat[0])
+    seen: set[int] = set()
+    todo = list(pids)
+    while todo:
+        pid = todo.pop()
+        if pid not in seen:
+            seen.add(pid)
+            todo += children.get(pid, [])
+    ticks = _clock_ticks()
+    return sum(cpu for pid, _, cpu in _proc_stats() if pid in seen) / ticks
+
+
+def _proc_stats() -> list[tuple[int, int, int]]:
+    """(pid, parent pid, utime + stime in clock ticks) of every process."""
+    from pathlib import Path
+
+    out = []
+    for path in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = path.read_text()
+        except OSError:  # gone meanwhile
+            continue
+        fields = text[text.rindex(")") + 2:].split()  # after the command name, which may hold spaces
+        out.append((int(path.parent.name), int(fields[1]), int(fields[11]) + int(fields[12])))
+    return out
+
+
+def _clock_ticks() -> int:
+    import os
+
+    return os.sysconf("SC_CLK_TCK")
+
+
 async def agent_loop(cfg: dict[str, Any]) -> dict[str, Any]:
     proc, url = (None, cfg["url"]) if cfg.get("url") else reference_server()
+    cpu_pids: dict[str, list[int]] = cfg.get("cpu_pids") or ({"server": [proc.pid]} if proc is not None else {})
     try:
         if cfg.get("warmup"):  # untimed: the same loop warms the server (the broker's JIT, caches) on both sides
             await agent_loop_run(url, {**cfg, "n": cfg["warmup"]}, max(cfg["workers"]))
-        runs = {str(w): await agent_loop_run(url, cfg, w) for w in cfg["workers"]}
+        runs = {}
+        for w in cfg["workers"]:
+            before = {group: tree_cpu_s(pids) for group, pids in cpu_pids.items()}
+            run = await agent_loop_run(url, cfg, w)
+            run["cpu_ms_per_rollout"] = {group: (tree_cpu_s(pids) - before[group]) * 1000 / run["rollouts"]
+                                         for group, pids in cpu_pids.items()}
+            runs[str(w)] = run
     finally:
         if proc is not None:
             proc.terminate()

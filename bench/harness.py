@@ -66,6 +66,7 @@ class Row:
     n: int | None = None
     note: str = ""
     samples_s: list[float] = field(default_factory=list)  # wall seconds of each repeat
+    value: float | None = None  # a figure that is not a rate (e.g. CPU-ms per rollout); lower is better
 
 
 @dataclass
@@ -232,9 +233,11 @@ def print_report(console: Console, title: str, report: Report) -> None:
     table.add_column("n", justify="right")
     table.add_column("notes", overflow="fold")
     for row in report.rows:
-        note = row.note if row.msgs_per_s is not None or not row.note else f"[yellow]{row.note}[/]"
+        measured = row.msgs_per_s is not None or row.value is not None
+        note = row.note if measured or not row.note else f"[yellow]{row.note}[/]"
         n = _num(row.n, 0) if row.n else ""
-        table.add_row(row.what, _num(row.msgs_per_s, 0), _num(row.mb_per_s, 1), n, note)
+        rate = _num(row.msgs_per_s, 0) if row.value is None else f"({_num(row.value, 1)})"
+        table.add_row(row.what, rate, _num(row.mb_per_s, 1), n, note)
     console.print(table)
 
 

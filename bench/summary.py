@@ -21,6 +21,7 @@ class Figure:
     reference: str | None  # label prefix of the baseline's row; None: the reference has no such part
     min_rate: float | None = None  # target, per second
     min_ratio: float | None = None  # target, litstream / reference
+    max_ratio: float | None = None  # target for a cost (lower is better), litstream / reference
 
 
 FIGURES: tuple[Figure, ...] = (
@@ -38,6 +39,18 @@ FIGURES: tuple[Figure, ...] = (
     Figure("stock client's agent loop, 1 agent (rollouts/s)", "litstream agent loop (stock LightningStoreClient "
            "-> gateway /v1/agl), 1 agent", f"{AGL} agent loop (same client -> LightningStoreServer over InMemory), "
            "1 agent"),
+    Figure("agent loop, 16 agents: CPU-ms per rollout, every process (broker's JVM included)",
+           "litstream agent loop CPU-ms per rollout, 16 agents", f"{AGL} agent loop CPU-ms per rollout, 16 agents",
+           max_ratio=1.5),
+    Figure("agent loop, 16 agents: CPU-ms per rollout without the broker",
+           "litstream without the broker agent loop CPU-ms per rollout, 16 agents",
+           f"{AGL} agent loop CPU-ms per rollout, 16 agents", max_ratio=1.0),
+    Figure("agent loop, 1 agent: CPU-ms per rollout, every process (broker's JVM included)",
+           "litstream agent loop CPU-ms per rollout, 1 agent", f"{AGL} agent loop CPU-ms per rollout, 1 agent",
+           max_ratio=1.5),
+    Figure("agent loop, 1 agent: CPU-ms per rollout without the broker",
+           "litstream without the broker agent loop CPU-ms per rollout, 1 agent",
+           f"{AGL} agent loop CPU-ms per rollout, 1 agent", max_ratio=1.0),
     Figure("rollout cycles, 64 in flight (cycles/s)", "litstream cycles, 64 calls", f"{AGL} InMemory cycles, 64",
            min_rate=2_000),
     Figure("rollout cycles, 1 in flight (cycles/s)", "litstream cycles, 1 call", f"{AGL} InMemory cycles, seq"),
@@ -59,8 +72,8 @@ def _find(reports: dict[str, Report], prefix: str | None) -> float | None:
         return None
     for report in reports.values():
         for row in report.rows:
-            if row.what.startswith(prefix) and row.msgs_per_s is not None:
-                return row.msgs_per_s
+            if row.what.startswith(prefix) and (row.msgs_per_s is not None or row.value is not None):
+                return row.msgs_per_s if row.msgs_per_s is not None else row.value
     return None
 
 
@@ -88,6 +101,9 @@ def _line(figure: Figure, reports: dict[str, Report]) -> Line:
     elif figure.min_ratio is not None:
         target = f">= {figure.min_ratio:g}x reference"
         met = None if lit is None or not ref else lit / ref >= figure.min_ratio
+    elif figure.max_ratio is not None:
+        target = f"<= {figure.max_ratio:g}x reference"
+        met = None if lit is None or not ref else lit / ref <= figure.max_ratio
     return Line(figure.what, lit, ref, target, met)
 
 
@@ -97,8 +113,12 @@ def summary(reports: dict[str, Report]) -> list[Line]:
     return [ln for ln in lines if ln.litstream is not None or ln.reference is not None]
 
 
-def _fmt(value: float | None, digits: int = 0, suffix: str = "") -> str:
-    return "-" if value is None else f"{value:,.{digits}f}{suffix}"
+def _fmt(value: float | None, digits: int | None = None, suffix: str = "") -> str:
+    """``digits`` None: whole numbers from 100 up, one decimal below (CPU-ms, a few rollouts/s)."""
+    if value is None:
+        return "-"
+    places = digits if digits is not None else (0 if abs(value) >= 100 else 1)
+    return f"{value:,.{places}f}{suffix}"
 
 
 def _met(met: bool | None) -> str:
@@ -106,7 +126,8 @@ def _met(met: bool | None) -> str:
 
 
 def print_summary(console: Console, lines: list[Line]) -> None:
-    table = Table(title=f"litstream beside {AGL}, one run (rates per second; ratio = litstream / reference)",
+    table = Table(title=f"litstream beside {AGL}, one run (rates per second, costs in CPU-ms; ratio = litstream / "
+                        "reference)",
                   title_justify="left")
     for name, justify in (("figure", "left"), ("litstream", "right"), (AGL, "right"), ("ratio", "right"),
                           ("target", "left"), ("met", "left")):
