@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -159,3 +160,19 @@ def test_cpus_option_reads_cpu_lists_and_refuses_what_is_not_here() -> None:
     bad = subprocess.run([sys.executable, "-m", "bench", "--cpus", "4096"], check=False, capture_output=True,
                          text=True, timeout=60, cwd=ROOT)
     assert bad.returncode == 2 and "not available here" in bad.stderr
+
+
+def test_the_cpu_of_a_process_tree_counts_its_children() -> None:
+    """What the agent loop's CPU-ms per rollout reads: a child's CPU counts toward the tree it belongs to."""
+    from bench.agl_reference import tree_cpu_s
+
+    burn = "import time\nwhile time.process_time() < 0.3: pass\nprint('done', flush=True)\ntime.sleep(30)"
+    before = tree_cpu_s([os.getpid()])
+    child = subprocess.Popen([sys.executable, "-c", burn], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "done"
+        assert tree_cpu_s([os.getpid()]) - before >= 0.25  # the child's 0.3 s, in the parent's tree
+        assert tree_cpu_s([child.pid]) >= 0.25
+    finally:
+        child.kill()
+        child.wait()
