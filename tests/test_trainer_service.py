@@ -13,6 +13,7 @@ from pathlib import Path
 
 from litstream.app.stack import Stack
 from litstream.infra import health
+from litstream.infra.broker import KafkaBroker
 from litstream.infra.kafka import read_to_end
 from litstream.infra.producer import EventProducer
 from litstream.infra.settings import Settings
@@ -86,3 +87,17 @@ def test_trainer_resumes_after_sigkill_without_losing_or_retraining(settings: Se
     assert sorted(trained) == [1, 2, 3, 4, 5, 6]
     assert all(len(rids) == GROUP * PER_STEP for rids in trained.values())
     assert set().union(*trained.values()) == {t.rollout_id for batch in batches for t in batch}
+
+
+def test_a_trainer_on_a_stack_made_before_lineage_creates_its_topic(broker: KafkaBroker) -> None:
+    """A stack whose topics were created before the lineage topic existed: the trainer creates what is missing
+    rather than failing every publication (a crash loop)."""
+    from litstream.infra.kafka import missing_topics
+    from litstream.infra.topics import Topics
+    from litstream.trainer.process import _lineage_topic_ready
+
+    settings = Settings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    lineage = Topics(settings.topic_prefix).lineage
+    assert lineage in missing_topics(settings)
+    assert _lineage_topic_ready(settings, lineage)
+    assert lineage not in missing_topics(settings)

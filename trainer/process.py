@@ -25,7 +25,7 @@ import torch
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from litstream.infra import health, metrics
-from litstream.infra.kafka import consumer
+from litstream.infra.kafka import consumer, create_topics, missing_topics
 from litstream.infra.metrics import StatSeries
 from litstream.infra.producer import EventProducer
 from litstream.infra.service import Service
@@ -107,6 +107,7 @@ class TrainerProcess(Work[TripletEmitted]):
         self.restored_from: str | None = None  # the checkpoint whose weights this process fell back to
         self._checkpointed: Offsets = {}  # the positions the newest checkpoint holds
         self._lineage: VersionTrained | None = None  # what trained the newest version (kept in its checkpoint)
+        self.records_lineage = _lineage_topic_ready(settings, self.topics.lineage)
         self.vllm = VllmEngine(self.cfg.vllm_url, f"{self.cfg.policy}-policy") if self.cfg.vllm_url else None
         torch.manual_seed(self.cfg.seed)
         latest = latest_checkpoint(self.root)
@@ -149,6 +150,7 @@ class TrainerProcess(Work[TripletEmitted]):
 
     def report(self) -> Mapping[str, Any]:
         return {**self.counters, "dead_letters": self.loop.letters.seen, **self.windower.stats.as_dict(),
+                "records_lineage": self.records_lineage,
                 "left_out": dict(self.left_out), "restored_from": self.restored_from, **self.drift,
                 "trajectories": asdict(self.windower.joins)}
 
@@ -175,7 +177,7 @@ class TrainerProcess(Work[TripletEmitted]):
         """Swap the server's weights (vLLM) and publish the current version, after what trained it (its lineage;
         again after a restart: the sink keeps one copy); returns the engine reload time."""
         reload_s = self._swap_server_weights() if self.vllm else 0.0
-        if self._lineage is not None and self._lineage.version == self.learner.version:
+        if self.records_lineage and self._lineage is not None and self._lineage.version == self.learner.version:
             self.events.send(self.topics.lineage, self._lineage)
         now = time.time()
         ev = ResourcesPublished(**self.events.factory.stamp(), resources_id=policy_resources_id(self.learner.version),
@@ -280,6 +282,20 @@ class TrainerProcess(Work[TripletEmitted]):
                  stats.version, stats.samples, stats.groups, stats.reward_mean, stats.loss, stats.seconds, waited)
         self._last_step_end = time.monotonic()
         return stats
+
+
+def _lineage_topic_ready(settings: Settings, topic: str) -> bool:
+    """Whether the lineage topic exists, created here if a stack made before it has none; if it cannot be, the
+    trainer trains on without recording lineage (never a crash loop over it) and says why once."""
+    try:
+        if topic in missing_topics(settings):
+            create_topics(settings)  # only what is missing
+        return True
+    except Exception as exc:  # noqa: BLE001 (no permission to create topics, an old broker): said, not fatal
+        log.error("no %s topic and it could not be created (%s): versions are trained and published, but what "
+                  "trained them is not recorded; run `litstream topics create` and restart the trainer", topic,
+                  str(exc).splitlines()[0])
+        return False
 
 
 def lineage(stamp: dict[str, Any], version: int, window: Window) -> VersionTrained:
