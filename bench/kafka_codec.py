@@ -49,7 +49,9 @@ from litstream.schemas.events import (
     SequenceRequested,
     SpanEventRecord,
     SpanRecorded,
+    TrainedSample,
     TripletEmitted,
+    VersionTrained,
     WorkerObserved,
 )
 from litstream.schemas.models import new_attempt_id, new_resources_id, new_rollout_id
@@ -212,6 +214,10 @@ def build_other_types(n: int, factory: EventFactory, enqueued: RolloutEnqueued) 
                             next_sequence_id=11),
             WorkerObserved(**factory.stamp(), worker_id="runner-3", time=now, kind="attempt", status="busy",
                            rollout_id=rid, attempt_id=aid),
+            VersionTrained(**factory.stamp(), resources_id=f"policy-v{i + 1}", version=i + 1, time=now,
+                           window="count", samples=[TrainedSample(rollout_id=new_rollout_id(), attempt_id=aid,
+                                                                  group_id=f"g-{k // 8}", index=0, policy_version=i,
+                                                                  reward=float(k % 2)) for k in range(64)]),
         ]
         for record in records:
             out.setdefault(type(record).avro_name, []).append(record)  # type: ignore[attr-defined]

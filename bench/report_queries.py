@@ -121,7 +121,7 @@ def synthetic_spans(n: int, per_rollout: int, seed: int = 7) -> pa.Table:
         "Links.Attributes": _empty_lists(n, pa.array([], ATTR_MAP)),
         "rollout_id": rollout_ids, "attempt_id": rollout_ids, "sequence_id": pa.array(seq.astype(np.uint64)),
         "resources_id": pc.take(pa.array([f"policy-v{v}" for v in range(VERSIONS)]), pa.array(version)),
-        "ingested_ns": pa.array(np.full(n, now, dtype=np.uint64)), **strings,
+        "ingested_ns": pa.array(np.full(n, now, dtype=np.uint64)), "run_id": pa.array([""] * n), **strings,
     }
     return pa.Table.from_arrays([cols[f.name] for f in SPAN_SCHEMA], schema=SPAN_SCHEMA)
 
@@ -149,7 +149,7 @@ def synthetic_events(rollouts: int, seed: int = 11) -> pa.Table:
         "producer_seq": pa.array(np.arange(n, dtype=np.uint64)), "kafka_partition": pa.array(np.zeros(n, np.uint32)),
         "kafka_offset": pa.array(np.arange(n, dtype=np.uint64)), "ingested_ns": pa.array(np.full(n, now, np.uint64)),
     }
-    for name in ("worker_id", "resources_id", "mode", "error", "raw_json"):
+    for name in ("worker_id", "resources_id", "mode", "error", "raw_json", "run_id"):
         cols[name] = pa.array([""] * n)
     return pa.Table.from_arrays([cols[f.name] for f in EVENT_SCHEMA], schema=EVENT_SCHEMA)
 
