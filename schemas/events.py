@@ -452,23 +452,29 @@ class NamedResourceRecord(AvroModel):
     checkpoint: str | None = None
 
 
-class ResourcesPublished(AvroModel):
-    """Not rollout-scoped: keyed by resources_id."""
+class KeyedByResources(AvroModel):
+    """A record that is not rollout-scoped, keyed by a resources id, stamped by :meth:`EventFactory.stamp` (its
+    Avro record begins with these fields, in this order)."""
 
-    avro_name: ClassVar[str] = "litstream.ResourcesPublished"
     event_id: str
     resources_id: str = Field(min_length=1)
     producer_id: str
     producer_seq: int
     timestamp_ns: int
-    version: int = Field(ge=1)
-    create_time: float
-    update_time: float
-    resources: dict[str, NamedResourceRecord]
 
     @property
     def key(self) -> str:
         return self.resources_id
+
+
+class ResourcesPublished(KeyedByResources):
+    """A version of named resources."""
+
+    avro_name: ClassVar[str] = "litstream.ResourcesPublished"
+    version: int = Field(ge=1)
+    create_time: float
+    update_time: float
+    resources: dict[str, NamedResourceRecord]
 
 
 class TripletEmitted(Event):
@@ -504,24 +510,15 @@ class TrainedSample(AvroModel):
     reward: float
 
 
-class VersionTrained(AvroModel):
-    """On ``lineage``, keyed by the version's resources id: what trained it (not rollout-scoped)."""
+class VersionTrained(KeyedByResources):
+    """On ``lineage``, keyed by the version's resources id: what trained it."""
 
     avro_name: ClassVar[str] = "litstream.VersionTrained"
-    event_id: str
-    resources_id: str = Field(min_length=1)
-    producer_id: str
-    producer_seq: int
-    timestamp_ns: int
     run_id: str | None = None  # the training run
     version: int = Field(ge=1)  # N of policy-vN
     time: float
     window: str  # why the step's window closed: count, overflow, time, flush
     samples: list[TrainedSample]
-
-    @property
-    def key(self) -> str:
-        return self.resources_id
 
 
 # --- Derived records (written by processors) ---------------------------------------------------------------
