@@ -8,6 +8,7 @@ themselves are in ``litstream.trainer.algorithm`` and see all of this only throu
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import json
 import os
@@ -306,6 +307,28 @@ def agent_path(agent: Any) -> tuple[str, str | None]:
     return f"{module_name}:{attr}", extra_path
 
 
+def check_importable(path: str, extra_path: str | None = None) -> None:
+    """Fail before the stack starts when runners could not import the agent: they run ``python -m`` in this
+    directory (so it is on their path, with ``extra_path``), and would otherwise crash until the supervisor gives
+    up."""
+    module_name, _, attr = path.partition(":")
+    added = [p for p in (extra_path, os.getcwd()) if p and p not in sys.path]
+    sys.path[:0] = added
+    try:
+        found = importlib.util.find_spec(module_name) is not None
+    except (ImportError, ValueError):
+        found = False
+    finally:
+        for p in added:
+            sys.path.remove(p)
+    if not found:
+        raise ValueError(f"cannot find the agent's module {module_name!r} (from {path!r}) in {os.getcwd()} or on "
+                         "PYTHONPATH: runners import it by name, so run from the directory that holds it or add "
+                         "that directory to PYTHONPATH")
+    if not attr:
+        raise ValueError(f"agent {path!r}: give it as module:attr, e.g. examples.copy_agent:copy_agent")
+
+
 def load_dataset(path: Path) -> list[Any]:
     """Tasks from a JSONL file (one JSON value a line) or a Parquet file (one dict a row)."""
     if not path.exists():
@@ -398,7 +421,10 @@ class Trainer:
         if agent is None:
             raise ValueError("no agent: give one for the runners (or n_runners=0 and gateway=True, and run "
                              "Agent Lightning's runners against the gateway)")
-        return agent_path(agent)
+        path, extra_path = agent_path(agent)
+        if self.n_runners > 0:
+            check_importable(path, extra_path)
+        return path, extra_path
 
     def dev(self, agent: Any, dataset: Sequence[Any]) -> FitSummary:
         """Run each task once with the current resources and no training (the reference's ``dev``)."""

@@ -209,6 +209,8 @@ def test_bad_datasets_and_agents_are_refused_before_anything_starts(tmp_path: Pa
         trainer.fit("tests.fit_agents:copy_agent", "not a list")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="module:attr"):
         trainer.fit("no_colon", TASKS)
+    with pytest.raises(ValueError, match="cannot find the agent's module 'no_such_package.agent'"):
+        trainer.fit("no_such_package.agent:run", TASKS)  # runners would crash on it until the supervisor gave up
     with pytest.raises(ValueError, match="module-level"):
         agent_path(lambda task, llm: 0.0)
     bad = tmp_path / "bad.jsonl"
