@@ -17,41 +17,20 @@ from typing import Any, NoReturn
 
 import click
 from pydantic import ValidationError
-from rich.console import Console
 from rich.markup import escape
 
 from litstream.infra.runtime import tune_gc_for_service
 from litstream.infra.settings import Settings, UnknownSettingError
 
+from .cli_common import ch_reader as _ch_reader
+from .cli_common import console, err, load_settings
+from .cli_common import fail as _fail
 from .roles import ARITHMETIC_AGENT, Role
 from .show import table as _table
-
-console = Console()
-err = Console(stderr=True, soft_wrap=True)  # an error is one line, however long
-
-
-def load_settings() -> Settings:
-    """Settings from the environment; without LITSTREAM_BOOTSTRAP_SERVERS, the stack `litstream up` runs here."""
-    from .stack import running_stack
-
-    settings = Settings()
-    if "LITSTREAM_BOOTSTRAP_SERVERS" not in os.environ:
-        info = running_stack(settings.data_dir)
-        if info is not None:
-            settings = settings.model_copy(update={
-                "bootstrap_servers": info["bootstrap_servers"], "topic_prefix": info["topic_prefix"],
-                "partitions": info["partitions"]})
-    return settings
 
 
 def _logging(level: str = "INFO") -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-def _fail(message: str, code: int = 1) -> NoReturn:
-    """Exit with one line: code 1 when the environment is at fault (no broker, no stack), 2 for bad input."""
-    err.print(f"[red]error:[/] {escape(message)}")
-    sys.exit(code)
 
 
 def _example(*lines: str) -> str:
@@ -105,18 +84,6 @@ def _broker(settings: Settings, timeout: float = 3.0) -> None:
         wait_for_broker(settings, timeout=timeout)
     except ConnectionError as exc:
         _fail(str(exc))
-
-
-def _ch_reader(settings: Settings, wait_s: float = 30.0) -> Any:
-    """Read ClickHouse as a person: through the stack's span sink when a stack runs here (never opening chDB
-    under it), else read-only on the directory, which must already hold data."""
-    from litstream.infra import clickhouse
-
-    from .stack import running_stack
-
-    stack = running_stack(settings.data_dir)
-    return clickhouse.reader(settings.resolved_clickhouse_dsn, may_open=stack is None, wait_s=wait_s,
-                             limits=clickhouse.QueryLimits.from_settings(settings))
 
 
 # --- the whole stack ---------------------------------------------------------------------------------------
@@ -1048,6 +1015,8 @@ EXAMPLES: dict[str, list[str]] = {
     "cancel": ["litstream cancel ro-1a2b3c"],
     "dlq": ["litstream dlq tail"],
     "dlq tail": ["litstream dlq tail -n 5", "litstream dlq tail --topic spans --json"],
+    "runs show": ["litstream runs show run-20261128T1032", "litstream runs show train --json"],
+    "runs compare": ["litstream runs compare run-20261128T1032 run-20261129T0915"],
     "export": ["litstream export --out weather.jsonl --mode train --min-reward 1",
                "LITSTREAM_DATA_DIR=.litstream/train litstream export --out run.parquet --versions 5:"],
     "replay": ["litstream replay --verify", "litstream replay --until 2026-11-28T10:32:00",
@@ -1058,6 +1027,7 @@ EXAMPLES: dict[str, list[str]] = {
 }
 
 
+from .runs_cli import runs as _runs_command  # noqa: E402
 from .train_cli import train as _train_command  # noqa: E402  (its own module: the command is long)
 
 
@@ -1072,6 +1042,7 @@ def _add_examples(group: click.Group, prefix: str = "") -> None:
 
 
 main.add_command(_train_command)
+main.add_command(_runs_command)
 _add_examples(main)
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ from litstream.workers.client import cancel_rollout, enqueue_rollout
 
 from . import roles
 from .roles import Role
+from .runs import RUN_FILE, RUNS_DIR
 from .stack import Stack
 
 # A runner that dies mid-attempt stops its heartbeats (every 5 s): the attempt goes unresponsive after this
@@ -376,6 +377,8 @@ class Trainer:
         self.settings = settings or Settings()
         self.join = join
         self.run_id: str | None = settings.run_id if settings is not None else None  # set when fit starts a stack
+        self._given_run_id = self.run_id  # joined runs get a new id per fit unless the settings name one
+        self._run_file: Path | None = None  # the run's record: its id, name, start and how it ended
         self.resume = resume  # keep the checkpoints of the last run: the GRPO trainer goes on from its newest
         # False: no policy server; agents use the trainer's own publications (torch:// weights, in-process)
         self.serve_policy = serve_policy
@@ -401,6 +404,7 @@ class Trainer:
         t0 = time.monotonic()
         self._stop = threading.Event()
         self._stopping_announced = False
+        self._run_file = None
         try:
             with on_stop_signals(self._interrupt), self._running(path, extra_path) as driver:  # Ctrl-C, `kill`
                 self.algorithm.run(driver, train, val)
@@ -410,9 +414,11 @@ class Trainer:
             pass
         except Exception as exc:
             if not self._stop.is_set():
+                _record_end(self._run_file, "failed")
                 raise
             # asked to stop: what the stop cut short (a wait for a policy, a timeout) is no error of the run
             self.console.print(f"  [dim]cut short by the stop: {type(exc).__name__}: {exc}[/]")
+        _record_end(self._run_file, "stopped" if self._stop.is_set() else "finished")
         return self._summary(time.monotonic() - t0, self._stop.is_set())
 
     def _agent(self, agent: Any) -> tuple[str, str | None]:
@@ -467,6 +473,11 @@ class Trainer:
     @contextmanager
     def _running(self, agent: str, extra_path: str | None) -> Iterator[StackDriver]:
         if self.join:
+            # Each joined fit is a run of its own in the stack's history (unless the settings name one).
+            self.run_id = self._given_run_id or new_run_id()
+            self.settings = self.settings.model_copy(update={"run_id": self.run_id})
+            self._run_file = self.settings.data_dir / RUNS_DIR / f"{self.run_id}.json"
+            _write_run_record(self._run_file, self.run_id, self.run_name)
             driver = StackDriver(self.settings, None, self.console, self.rollout_config)
             driver.stop_event = self._stop
             self._driver = driver
@@ -481,6 +492,7 @@ class Trainer:
         run_dir = self.settings.data_dir / self.run_name
         _clear_run_dir(run_dir, keep=["checkpoints", "trainer-metrics.jsonl", RUN_FILE] if self.resume else [])
         self.run_id = _run_id(run_dir, self.resume)
+        self._run_file = run_dir / RUN_FILE
         update: dict[str, object] = {"data_dir": run_dir, "clickhouse_dsn": None, "run_id": self.run_id}
         self._check_stop()
         with Stack(self.settings.model_copy(update=update)) as stack:
@@ -565,21 +577,39 @@ class _StoppedWhileStarting(Exception):
     """Ctrl-C came while the stack was starting: unwind (stopping what started) and return the summary."""
 
 
-RUN_FILE = "run.json"
-
-
 def _run_id(run_dir: Path, resume: bool) -> str:
     """The run's id: a new one, or with ``resume`` the one the run being resumed recorded; kept in ``run.json``."""
     path = run_dir / RUN_FILE
     if resume and path.exists():
         try:
-            return str(json.loads(path.read_text())["run_id"])
+            record = json.loads(path.read_text())
+            run_id = str(record["run_id"])
+            for key in ("ended", "ended_at"):  # going on: no end until this part ends
+                record.pop(key, None)
+            path.write_text(json.dumps({**record, "resumed": time.time(), "pid": os.getpid()}) + "\n")
+            return run_id
         except (ValueError, KeyError, TypeError):
             pass  # unreadable: the resumed weights go on under a new id
     run_id = new_run_id()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"run_id": run_id, "name": run_dir.name, "started": time.time()}) + "\n")
+    _write_run_record(path, run_id, run_dir.name)
     return run_id
+
+
+def _write_run_record(path: Path, run_id: str, name: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"run_id": run_id, "name": name, "started": time.time(), "pid": os.getpid()}) + "\n")
+
+
+def _record_end(path: Path | None, how: str) -> None:
+    """How the run ended (finished, stopped, failed), in its record; a killed run leaves none."""
+    if path is None or not path.exists():
+        return
+    try:
+        record = json.loads(path.read_text())
+        record.update(ended=how, ended_at=time.time())
+        path.write_text(json.dumps(record) + "\n")
+    except (OSError, ValueError):
+        pass  # the record is a convenience: the run's history is the log
 
 
 def _clear_run_dir(run_dir: Path, keep: list[str]) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from litstream.app.fit import StackDriver, Trainer, agent_path, load_dataset
+from litstream.app.runs import list_runs, run_records
 from litstream.app.stack import Stack
 from litstream.infra import clickhouse
 from litstream.infra.broker import KafkaBroker
@@ -102,6 +103,11 @@ def test_fit_makes_n_times_group_size_training_rollouts_and_validates_each_versi
     dsn = Settings(data_dir=Path(summary.data_dir)).resolved_clickhouse_dsn
     for table in ("rollout_events", "spans", "triplets"):
         assert clickhouse.query(dsn, f"SELECT DISTINCT run_id FROM {table}").rows == [[summary.run_id]], table
+    # `litstream runs` finds it in its history, as the summary gives it.
+    (run,) = list_runs(lambda sql: clickhouse.query(dsn, sql), run_records(Path(summary.data_dir)))
+    assert (run.run_id, run.name, run.status, run.rollouts) == (summary.run_id, "train", "finished", summary.rollouts)
+    assert {label: score.mean for label, score in run.validation.items()} == pytest.approx(
+        {f"v{v}": r for v, r in summary.val_reward_by_version.items()})
 
 
 @pytest.mark.timeout(900)
@@ -117,11 +123,17 @@ def test_a_run_without_learning_signal_says_so_and_the_summary_records_it(tmp_pa
     assert summary.extra["stopped"].startswith("budget reached")
 
 
-def test_dev_runs_each_task_once_with_baseline(joined: Callable[..., Trainer]) -> None:
-    summary = joined("tests.fit_agents:copy_agent").dev("tests.fit_agents:copy_agent", TASKS)
+def test_dev_runs_each_task_once_with_baseline(joined: Callable[..., Trainer], shared_stack: Stack) -> None:
+    trainer = joined("tests.fit_agents:copy_agent")
+    summary = trainer.dev("tests.fit_agents:copy_agent", TASKS)
     assert summary.algorithm == "baseline"
     assert summary.rollouts == len(TASKS) and summary.failed == 0
     assert list(summary.train_reward_by_version) == [0]
+    # Each fit that joins a stack is a run of its own in the stack's history, with its record there.
+    again = trainer.dev("tests.fit_agents:copy_agent", TASKS[:1])
+    assert summary.run_id and again.run_id and summary.run_id != again.run_id
+    records = run_records(shared_stack.settings.data_dir)
+    assert records[summary.run_id]["ended"] == records[again.run_id]["ended"] == "finished"
 
 
 class BestOfTwoTemperatures(Algorithm):
