@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -53,11 +54,11 @@ from litstream.trainer.algorithm import (
     wait_for_policy,
 )
 from litstream.workers.client import cancel_rollout, enqueue_rollout
+from litstream.workers.runs import RUN_FILE, RUNS_DIR
 
 from . import roles
 from .roles import Role
-from .runs import RUN_FILE, RUNS_DIR
-from .stack import Stack
+from .stack import Stack, StackLock
 
 # A runner that dies mid-attempt stops its heartbeats (every 5 s): the attempt goes unresponsive after this
 # long and the rollout gets another attempt. An agent that raises fails its attempt, which is not retried.
@@ -112,6 +113,7 @@ class StackDriver:
         self.stop_event = threading.Event()
         self.serving_through_proxy = False  # True once a policy server publishes itself
         self.gateway_url: str | None = None  # where Agent Lightning's own runners reach this stack
+        self.adopted: list[str] = []  # rollouts the earlier part of a resumed run left unfinished
         self._last_show = 0.0
 
     def close(self) -> None:
@@ -138,13 +140,42 @@ class StackDriver:
         return len(self.pending)
 
     def cancel(self, rollout_ids: Sequence[str]) -> int:
+        return self._cancel_queued([rid for rid in rollout_ids if rid in self.pending])
+
+    def _cancel_queued(self, rollout_ids: Sequence[str]) -> int:
         snaps = self.view.catch_up()
-        queued = [rid for rid in rollout_ids
-                  if rid in self.pending and (snap := snaps.get(rid)) is not None and snap.status in QUEUING]
+        queued = [rid for rid in rollout_ids if (snap := snaps.get(rid)) is not None and snap.status in QUEUING]
         for rid in queued:
             cancel_rollout(self.events, rid)
         self.events.flush()
         return len(queued)
+
+    # --- what the earlier part of a resumed run left ----------------------------------------------------------
+
+    def adopt_unfinished(self) -> int:
+        """Take on the rollouts the run's log holds unfinished (queued or running when its earlier part stopped):
+        runners claim them, and those whose runner died are retried once their attempt goes unresponsive, as any
+        other; ``settle_adopted`` accounts for them at the end."""
+        self.adopted = [rid for rid, snap in self.view.catch_up().items() if snap.status not in FINISHED]
+        return len(self.adopted)
+
+    def settle_adopted(self, wait_s: float) -> dict[str, int]:
+        """At the end of a resumed run: the adopted rollouts no runner has begun are cancelled, those running get
+        up to ``wait_s`` to finish; their statuses, counted."""
+        if not self.adopted:
+            return {}
+        self._cancel_queued(self.adopted)
+        deadline = time.monotonic() + wait_s
+        while True:
+            snaps = self.view.catch_up()
+            statuses = Counter(snaps[rid].status if rid in snaps else "unknown" for rid in self.adopted)
+            if set(statuses) <= FINISHED or time.monotonic() >= deadline or self.stop_event.is_set():
+                return dict(statuses)
+            time.sleep(0.5)
+
+    def log_statuses(self) -> dict[str, int]:
+        """Every rollout of this stack's log, by status: a run's own topics hold only its rollouts."""
+        return dict(Counter(snap.status for snap in self.view.catch_up().values()))
 
     def poll(self, timeout: float = 0.5) -> list[RolloutResult]:
         time.sleep(min(timeout, 0.2))
@@ -253,6 +284,10 @@ def outcome_lines(extra: dict[str, Any]) -> list[str]:
         lines.append(f"best validated version: v{best['version']} ({best['validation']:.3f}), published as "
                      f"{escape(str(best.get('resources_id') or '(not published: stopped)'))}; checkpoint "
                      f"{escape(str(best.get('checkpoint')))}")
+    left = extra.get("left_unfinished")
+    if left:
+        lines.append("rollouts the run had left unfinished, now: "
+                     + ", ".join(f"{status} {n}" for status, n in sorted(left.items())))
     for key in ("stopped", "no_signal"):
         if extra.get(key):
             lines.append(f"{key.replace('_', ' ')}: {escape(str(extra[key]))}")
@@ -379,6 +414,7 @@ class Trainer:
         self.run_id: str | None = settings.run_id if settings is not None else None  # set when fit starts a stack
         self._given_run_id = self.run_id  # joined runs get a new id per fit unless the settings name one
         self._run_file: Path | None = None  # the run's record: its id, name, start and how it ended
+        self._log_account: dict[str, dict[str, int]] = {}  # the run's rollouts by status, at its end
         self.resume = resume  # keep the checkpoints of the last run: the GRPO trainer goes on from its newest
         # False: no policy server; agents use the trainer's own publications (torch:// weights, in-process)
         self.serve_policy = serve_policy
@@ -405,9 +441,19 @@ class Trainer:
         self._stop = threading.Event()
         self._stopping_announced = False
         self._run_file = None
+        self._log_account = {}
         try:
             with on_stop_signals(self._interrupt), self._running(path, extra_path) as driver:  # Ctrl-C, `kill`
+                resumed = self.resume and not self.join
+                if resumed and driver.adopt_unfinished():
+                    self.console.print(f"  resuming: {len(driver.adopted)} rollout(s) the run left unfinished are "
+                                       "taken on (claimed, or retried where their runner died)")
                 self.algorithm.run(driver, train, val)
+                if not self._stop.is_set() and not self.join:
+                    # the rollouts it took on that still run get the time of one attempt gone unresponsive, and more
+                    wait_s = 2 * (self.rollout_config.unresponsive_seconds or 30.0) + 60.0
+                    self._log_account = {"left_unfinished": driver.settle_adopted(wait_s)} if resumed else {}
+                    self._log_account["log_statuses"] = driver.log_statuses()
                 if self.on_finish is not None and not self._stop.is_set():
                     self.on_finish(driver.settings)
         except _StoppedWhileStarting:
@@ -490,10 +536,15 @@ class Trainer:
                 driver.close()
             return
         run_dir = self.settings.data_dir / self.run_name
-        _clear_run_dir(run_dir, keep=["checkpoints", "trainer-metrics.jsonl", RUN_FILE] if self.resume else [])
+        _check_not_running(run_dir)  # a run going on there keeps its files: this one is refused, not the other
+        # The history (the broker's log, ClickHouse, the runs' records and checkpoints) outlives a run; what only
+        # the running stack uses starts afresh, but for a resumed run's own state.
+        _clear_run_dir(run_dir, keep=[*KEPT_ACROSS_RUNS, *(KEPT_ON_RESUME if self.resume else [])])
         self.run_id = _run_id(run_dir, self.resume)
-        self._run_file = run_dir / RUN_FILE
-        update: dict[str, object] = {"data_dir": run_dir, "clickhouse_dsn": None, "run_id": self.run_id}
+        self._run_file = run_dir / RUNS_DIR / f"{self.run_id}.json"
+        update: dict[str, object] = {"data_dir": run_dir, "clickhouse_dsn": None, "run_id": self.run_id,
+                                     "topic_prefix": run_topic_prefix(self.settings.topic_prefix, self.run_id)}
+        _update_record(self._run_file, topic_prefix=update["topic_prefix"])  # where its log is, to look at it
         self._check_stop()
         with Stack(self.settings.model_copy(update=update)) as stack:
             settings_text = getattr(self.algorithm, "settings_text", None)
@@ -545,6 +596,8 @@ class Trainer:
     def _start_policy_server(self, stack: Stack, driver: StackDriver) -> None:
         """The policy endpoint on any free port, publishing itself: agents get a per-attempt OpenAI URL."""
         checkpoint = _published_checkpoint(driver) if self.algorithm.trains_policy else None
+        if checkpoint is None and Path(self.model).is_dir():  # a model directory, served as it is
+            checkpoint = self.model
         server = roles.policy_server("--port", "0", "--publish",
                                      *(["--checkpoint", checkpoint] if checkpoint else ["--model", self.model]))
         driver.serving_through_proxy = True
@@ -567,6 +620,7 @@ class Trainer:
         extra = self.algorithm.report()
         if self._driver is not None and self.gateway:
             extra["gateway_url"] = self._driver.gateway_url
+        extra.update(self._log_account)  # an embedded run's every rollout, and what a resumed run took on
         return FitSummary(algorithm=self.algorithm.name, train_reward_by_version=History.means(h.train),
                           val_reward_by_version=History.means(h.val), rollouts=h.rollouts, failed=h.failed,
                           by_status=dict(h.statuses), seconds=seconds, interrupted=interrupted,
@@ -577,37 +631,68 @@ class _StoppedWhileStarting(Exception):
     """Ctrl-C came while the stack was starting: unwind (stopping what started) and return the summary."""
 
 
+# What a new run in a data dir keeps of the runs before it: their log (each run's topics, under a prefix of its
+# own), ClickHouse, their records and checkpoints; a resumed run also keeps its lifecycle table and trainer metrics.
+KEPT_ACROSS_RUNS = ("kafka", "chdb", RUNS_DIR, "checkpoints", RUN_FILE, "stack.lock")
+KEPT_ON_RESUME = ("faust", "trainer-metrics.jsonl")
+
+
+def _check_not_running(run_dir: Path) -> None:
+    """Raise StackLockedError (naming the holder) when a stack runs in ``run_dir``."""
+    probe = StackLock(run_dir)
+    probe.acquire()
+    probe.release()
+
+
+def run_topic_prefix(prefix: str, run_id: str) -> str:
+    """The topics of one run of an embedded stack: ``<prefix>.<run id>.rollout-events`` and so on."""
+    return f"{prefix}.{run_id}"
+
+
 def _run_id(run_dir: Path, resume: bool) -> str:
-    """The run's id: a new one, or with ``resume`` the one the run being resumed recorded; kept in ``run.json``."""
-    path = run_dir / RUN_FILE
-    if resume and path.exists():
+    """The run's id: a new one, or with ``resume`` the newest run's (``run.json`` names it); the run's record is
+    ``runs/<run id>.json``."""
+    latest = run_dir / RUN_FILE
+    if resume and latest.exists():
         try:
-            record = json.loads(path.read_text())
-            run_id = str(record["run_id"])
-            for key in ("ended", "ended_at"):  # going on: no end until this part ends
-                record.pop(key, None)
-            path.write_text(json.dumps({**record, "resumed": time.time(), "pid": os.getpid()}) + "\n")
-            return run_id
+            run_id = str(json.loads(latest.read_text())["run_id"])
         except (ValueError, KeyError, TypeError):
-            pass  # unreadable: the resumed weights go on under a new id
+            run_id = ""  # unreadable: the resumed weights go on under a new id
+        if run_id:
+            _write_run_record(run_dir / RUNS_DIR / f"{run_id}.json", run_id, run_dir.name, resumed=True)
+            return run_id
     run_id = new_run_id()
-    _write_run_record(path, run_id, run_dir.name)
+    latest.parent.mkdir(parents=True, exist_ok=True)
+    latest.write_text(json.dumps({"run_id": run_id, "name": run_dir.name}) + "\n")
+    _write_run_record(run_dir / RUNS_DIR / f"{run_id}.json", run_id, run_dir.name)
     return run_id
 
 
-def _write_run_record(path: Path, run_id: str, name: str) -> None:
+def _write_run_record(path: Path, run_id: str, name: str, resumed: bool = False) -> None:
+    """A run's record: its id, name, start and process (a resumed run keeps its start and has no end yet)."""
+    record: dict[str, Any] = {}
+    if resumed:
+        try:
+            record = {k: v for k, v in json.loads(path.read_text()).items() if k not in ("ended", "ended_at")}
+        except (OSError, ValueError):
+            record = {}
+    record = {"run_id": run_id, "name": name, "started": time.time(), **record, "pid": os.getpid()}
+    if resumed:
+        record["resumed"] = time.time()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"run_id": run_id, "name": name, "started": time.time(), "pid": os.getpid()}) + "\n")
+    path.write_text(json.dumps(record) + "\n")
 
 
 def _record_end(path: Path | None, how: str) -> None:
     """How the run ended (finished, stopped, failed), in its record; a killed run leaves none."""
+    _update_record(path, ended=how, ended_at=time.time())
+
+
+def _update_record(path: Path | None, **fields: Any) -> None:
     if path is None or not path.exists():
         return
     try:
-        record = json.loads(path.read_text())
-        record.update(ended=how, ended_at=time.time())
-        path.write_text(json.dumps(record) + "\n")
+        path.write_text(json.dumps({**json.loads(path.read_text()), **fields}) + "\n")
     except (OSError, ValueError):
         pass  # the record is a convenience: the run's history is the log
 

@@ -8,7 +8,8 @@ from typing import Any
 import click
 from rich.table import Table
 
-from . import runs as rs
+from litstream.workers import runs as rs
+
 from .cli_common import ch_reader, console, err, fail, load_settings
 
 EXAMPLE = """\b

@@ -175,3 +175,17 @@ def test_dead_letter_headers_become_a_row() -> None:
         "not Avro", "decode", "p.rollout-events[1]@42", 5.0)
     bare = letter_from("t.dlq", 3, 2000, None, None, None)
     assert bare.reason == "(no reason header)" and bare.time_s == 2.0
+
+
+def test_each_run_is_a_validation_and_a_training_line_over_the_versions_of_all() -> None:
+    from litstream.workers.runs import RunSummary, Score
+
+    first = RunSummary("run-20261128T100000Z-aaaaaa", 1.0, 2.0, name="train",
+                       validation={"v0": Score(64, 0.5, 0.06), "v5": Score(64, 0.75, 0.05)},
+                       training={"v0": Score(32, 0.4, 0.08)})
+    joined = RunSummary("run-20261129T100000Z-bbbbbb", 3.0, 4.0, validation={"v10": Score(64, 0.9, 0.04)})
+    chart = data.run_series([first, joined])
+    assert chart["labels"] == ["v0", "v5", "v10"]  # by number, not as text
+    assert chart["series"] == {"train …aaaaaa validation": [0.5, 0.75, None], "train …aaaaaa train": [0.4, None, None],
+                               "run-20261129T100000Z-bbbbbb validation": [None, None, 0.9]}
+    assert data.run_series([]) == {"labels": [], "series": {}}

@@ -63,6 +63,15 @@ def test_an_attempt_is_one_conversation_with_its_tool_call_and_its_tokens_joined
     assert [r["rollout_id"] for r in records if ExportFilter(min_version=4).keeps(r)] == []
 
 
+def test_a_trajectory_names_the_run_its_triplets_came_from() -> None:
+    in_run = triplet("ro-run", 0, [1], [2], [ASK], [{"role": "assistant", "content": "7"}], 1.0)
+    in_run = in_run.model_copy(update={"meta": in_run.meta.model_copy(update={"run_id": "run-20261129T050000Z-abcdef"})})
+    older = triplet("ro-old", 0, [1], [2], [ASK], [{"role": "assistant", "content": "7"}], 1.0)
+    records = trajectory_records([in_run, older], {}, run="train")
+    assert [r["run"] for r in records] == ["run-20261129T050000Z-abcdef", "train"]  # before runs: the data dir's
+    assert [r["rollout_id"] for r in records if ExportFilter(run="run-20261129T050000Z-abcdef").keeps(r)] == ["ro-run"]
+
+
 def test_turns_that_do_not_join_keep_the_conversation_and_leave_the_tokens_out() -> None:
     first, second = sorted(tool_attempt(), key=lambda t: t.index)
     apart = second.model_copy(update={"prompt_token_ids": [9, 9, 9, 9]})  # re-tokenised: no longer extends turn 1

@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from litstream.app.fit import StackDriver, Trainer, agent_path, load_dataset
-from litstream.app.runs import list_runs, run_records
 from litstream.app.stack import Stack
 from litstream.infra import clickhouse
 from litstream.infra.broker import KafkaBroker
@@ -28,6 +27,7 @@ from litstream.infra.settings import Settings
 from litstream.schemas.models import LLM
 from litstream.schemas.policy_versions import POLICY_RESOURCE, policy_resources_id
 from litstream.trainer.algorithm import GRPO, VAL, Algorithm, Baseline, Driver, run_all, wait_for_policy
+from litstream.workers.runs import list_runs, run_records
 
 TASKS = [{"letter": "a", "count": 1}, {"letter": "b", "count": 2}, {"letter": "c", "count": 1}]
 VAL_TASKS = [{"letter": "d", "count": 2}, {"letter": "a", "count": 2}]
@@ -230,6 +230,22 @@ def test_bad_datasets_and_agents_are_refused_before_anything_starts(tmp_path: Pa
     with pytest.raises(ValueError, match="bad.jsonl:2: not a JSON value"):
         load_dataset(bad)
     assert not (tmp_path / "data" / "train").exists()  # nothing was started
+
+
+def test_a_run_is_refused_where_another_one_runs_and_leaves_its_files_alone(tmp_path: Path) -> None:
+    from litstream.app.stack import StackLock, StackLockedError
+
+    run_dir = tmp_path / "data" / "train"
+    held = StackLock(run_dir)
+    held.acquire()  # as the stack of a run going on there holds it
+    (run_dir / "logs").mkdir()
+    try:
+        with pytest.raises(StackLockedError, match="a stack already runs"):
+            Trainer(algorithm=Baseline(), settings=_settings(tmp_path), quiet=True).fit(
+                "tests.fit_agents:copy_agent", TASKS)
+    finally:
+        held.release()
+    assert (run_dir / "logs").is_dir() and not (run_dir / "run.json").exists()
 
 
 def _train_cmd(*extra: str) -> list[str]:

@@ -111,5 +111,6 @@ def test_the_agl_stock_runner_through_the_gateway_is_trained(agl: Path, tmp_path
     assert len({t.meta.rollout_id for t in triplets}) == rollouts  # each gave its triplet: nothing lost
     assert all(t.prompt_token_ids and t.response_token_ids and t.reward is not None for t in triplets)
     assert all(t.response_logprobs for t in triplets)  # the policy server's copy of each call
-    checkpoints = settings.data_dir / "train" / "checkpoints"
+    assert summary.run_id is not None
+    checkpoints = settings.data_dir / "train" / "checkpoints" / summary.run_id  # each run's own
     assert max(v for v, _ in list_checkpoints(checkpoints)) >= 1  # the trainer stepped on those triplets

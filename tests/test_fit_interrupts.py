@@ -21,9 +21,10 @@ from tests.test_fit import _settings, _train_cmd
 
 
 def _checkpoint_versions(root: Path) -> list[int]:
+    """The versions checkpointed under ``root``: ``root/<run id>/vN``, each run's own."""
     from litstream.trainer.checkpoint import list_checkpoints
 
-    return [v for v, _ in list_checkpoints(root)] if root.exists() else []
+    return [v for run in root.glob("run-*") for v, _ in list_checkpoints(run)] if root.exists() else []
 
 
 def _descendants(pid: int) -> dict[int, str]:
@@ -119,6 +120,75 @@ def test_ctrl_c_during_fit_stops_cleanly_and_a_rerun_resumes_from_the_checkpoint
     assert min(int(v) for v in resumed["train_reward_by_version"]) >= reached  # went on, not from v0
     assert resumed["run_id"] == summary["run_id"]  # the same run
     assert resumed["rollouts"] == 2
+    assert set(resumed["left_unfinished"]) <= FINISHED  # what the Ctrl-C left in flight has ended
+    assert set(resumed["log_statuses"]) <= FINISHED
+
+
+FINISHED = {"succeeded", "failed", "cancelled"}
+
+
+@pytest.mark.timeout(900)
+def test_a_run_killed_outright_resumes_and_accounts_for_every_rollout(tmp_path: Path) -> None:
+    """SIGKILL to `litstream train` and every process it started (as a crash of the machine would) while some
+    rollouts run and others wait; `--resume` goes on with the same run on the same log, and each rollout the run
+    left ends (run, retried, or cancelled when no runner took it): none is lost, none stays open. A second run in
+    the same data dir keeps the first one's history."""
+    from litstream.infra import health
+
+    env = {**os.environ, "LITSTREAM_DATA_DIR": str(tmp_path / "data"), "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+    run_dir = tmp_path / "data" / "train"
+    tasks, quick = tmp_path / "slow.jsonl", tmp_path / "quick.jsonl"
+    tasks.write_text("".join(json.dumps({"seconds": 6.0, "i": i}) + "\n" for i in range(6)))
+    quick.write_text(json.dumps({"seconds": 0.1}) + "\n")
+
+    def cmd(*extra: str) -> list[str]:
+        return [sys.executable, "-m", "litstream.app.cli", "train", "--agent", "tests.fit_agents:slow_agent",
+                "--algorithm", "baseline", "--runners", "1", "--concurrency", "2", "--json", *extra]
+
+    proc = subprocess.Popen(cmd("--train", str(tasks)), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    seen: dict[int, str] = {}
+    try:
+        for _ in range(2400):  # until the runner runs two and four wait
+            seen.update(_descendants(proc.pid))
+            info = health.read(run_dir, "runner") or {}
+            if proc.poll() is not None or info.get("running"):
+                break
+            time.sleep(0.25)
+        assert proc.poll() is None, f"exited before the kill: {proc.communicate()[1][-3000:]}"
+        seen.update(_descendants(proc.pid))
+        for pid in [proc.pid, *seen]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait(60)
+    finally:
+        for pid in [proc.pid, *_descendants(proc.pid), *seen]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+
+    again = subprocess.run(cmd("--train", str(quick), "--resume"), env=env, capture_output=True, text=True,
+                           timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    resumed = json.loads(again.stdout.splitlines()[-1])
+    assert resumed["run_id"] == run_id and resumed["by_status"] == {"succeeded": 1}
+    left = resumed["left_unfinished"]
+    assert left and set(left) <= FINISHED, resumed  # each rollout the kill left has ended
+    assert sum(resumed["log_statuses"].values()) == 6 + 1 and set(resumed["log_statuses"]) <= FINISHED, resumed
+
+    later = subprocess.run(cmd("--train", str(quick)), env=env, capture_output=True, text=True, timeout=600)
+    assert later.returncode == 0, later.stderr[-3000:]
+    assert json.loads(later.stdout.splitlines()[-1])["log_statuses"] == {"succeeded": 1}  # a run of its own
+    runs = subprocess.run([sys.executable, "-m", "litstream.app.cli", "runs", "--json"], capture_output=True,
+                          text=True, timeout=120, env={**env, "LITSTREAM_DATA_DIR": str(run_dir)})
+    assert runs.returncode == 0, runs.stderr
+    listed = [json.loads(line) for line in runs.stdout.splitlines()]
+    assert [(r["run_id"] == run_id, r["rollouts"], r["status"]) for r in listed] == [(True, 7, "finished"),
+                                                                                     (False, 1, "finished")]
 
 
 @pytest.mark.timeout(900)

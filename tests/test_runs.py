@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from litstream.app.runs import RunSummary, find, list_runs, run_records
 from litstream.infra.clickhouse import ClickHouse
 from litstream.infra.settings import Settings
 from litstream.schemas.events import (
@@ -27,6 +26,7 @@ from litstream.schemas.events import (
 )
 from litstream.streams.event_rows import Positioned, event_arrow, lineage_arrow
 from litstream.streams.span_rows import span_arrow
+from litstream.workers.runs import RunSummary, find, list_runs, run_records
 from tests.samples import span
 
 A, B = "run-20261128T100000Z-aaaaaa", "run-20261129T100000Z-bbbbbb"

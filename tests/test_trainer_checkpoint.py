@@ -78,6 +78,19 @@ def test_checkpoint_round_trip_bit_equal(tmp_path: Path) -> None:
     assert not [q for q in tmp_path.iterdir() if q.name.startswith(".")]  # no temporary left behind
 
 
+def test_a_hugging_face_model_directory_loads_as_version_0(tmp_path: Path) -> None:
+    """What `litstream train --algorithm baseline --model DIR` serves: a model saved by Hugging Face alone, with
+    no trainer state beside it."""
+    p = build_policy("tiny", seed=0)
+    p.model.save_pretrained(tmp_path)
+    p.tokenizer.to_hf().save_pretrained(tmp_path)
+    ck = load_checkpoint(tmp_path)
+    assert (ck.version, ck.step, ck.optimizer_state) == (0, 0, None)
+    assert all(torch.equal(v, ck.model.state_dict()[k]) for k, v in p.model.state_dict().items())
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        load_checkpoint(tmp_path / "nothing")
+
+
 def test_keep_last_prunes_old_checkpoints(tmp_path: Path) -> None:
     p = build_policy("tiny", seed=0)
     for v in range(5):

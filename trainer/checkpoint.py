@@ -122,16 +122,19 @@ def checkpoint_extra(path: str | Path) -> dict[str, Any]:
 
 
 def load_checkpoint(path: str | Path, with_optimizer: bool = True) -> Checkpoint:
-    """Loads ``path`` (one ``v{N}`` directory, or a root: then its latest checkpoint)."""
+    """Loads ``path`` (one ``v{N}`` directory, or a root: then its latest checkpoint; or a Hugging Face model
+    directory, as version 0)."""
     from transformers import AutoModelForCausalLM
 
     path = Path(path)
-    if not (path / STATE).exists():
-        latest = latest_checkpoint(path)
-        if latest is None:
-            raise FileNotFoundError(f"no checkpoint at {path}")
+    meta: dict[str, Any] = {"version": 0, "step": 0}
+    if (path / STATE).exists():
+        meta = json.loads((path / STATE).read_text())
+    elif (latest := latest_checkpoint(path)) is not None:
         path = latest
-    meta = json.loads((path / STATE).read_text())
+        meta = json.loads((path / STATE).read_text())
+    elif not (path / "config.json").exists():
+        raise FileNotFoundError(f"no checkpoint at {path}")
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
     model.eval()
     opt_state = None

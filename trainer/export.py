@@ -31,7 +31,7 @@ PAGE_ROWS = 2000  # triplets per query: within the engine's per-query limits (LI
 TRIPLETS_SQL = """
 SELECT rollout_id, attempt_id, `index`, group_id, policy_version, resources_id, prompt_token_ids,
        response_token_ids, response_logprobs, prompt_text, response_text, reward, metadata_json, event_id,
-       producer_id, producer_seq, toUnixTimestamp64Nano(timestamp)
+       producer_id, producer_seq, toUnixTimestamp64Nano(timestamp), run_id
 FROM triplets FINAL
 WHERE (rollout_id, attempt_id, `index`) > ({rollout_id:String}, {attempt_id:String}, {index:Int64})
 ORDER BY rollout_id, attempt_id, `index` LIMIT {limit:UInt32}
@@ -57,6 +57,7 @@ SCHEMA = pa.schema([
 
 @dataclass(frozen=True)
 class ExportFilter:
+    run: str | None = None  # the training run's id
     mode: str | None = None  # the rollouts' mode: train, val, test
     min_version: int | None = None  # the oldest version among a trajectory's turns, inclusive
     max_version: int | None = None
@@ -65,6 +66,8 @@ class ExportFilter:
 
     def keeps(self, record: dict[str, Any]) -> bool:
         version, reward = record["policy_version"], record["reward"]
+        if self.run is not None and record["run"] != self.run:
+            return False
         if self.mode is not None and record["mode"] != self.mode:
             return False
         if (self.min_version is not None or self.max_version is not None) and version is None:
@@ -81,7 +84,8 @@ class ExportFilter:
 
 
 def trajectory_records(triplets: Iterable[TripletEmitted], modes: dict[str, str], run: str) -> list[dict[str, Any]]:
-    """One record per attempt, from its triplets (any order); the attempts in the order first seen."""
+    """One record per attempt, from its triplets (any order); the attempts in the order first seen. ``run``:
+    a record's run when its triplets name none (written before runs were recorded)."""
     attempts: dict[tuple[str, str], list[TripletEmitted]] = {}
     for t in triplets:
         attempts.setdefault((t.meta.rollout_id, t.attempt_id), []).append(t)
@@ -96,7 +100,8 @@ def _record(turns: Sequence[TripletEmitted], mode: str | None, run: str) -> dict
     prompt, response, mask = _tokens(turns)
     return {
         "messages": [_message(m) for m in [*_messages(last, "prompt_messages"), *_messages(last, "response_messages")]],
-        "reward": rewards[-1] if rewards else None, "task_id": last.group_id, "run": run, "mode": mode,
+        "reward": rewards[-1] if rewards else None, "task_id": last.group_id, "run": last.meta.run_id or run,
+        "mode": mode,
         "rollout_id": last.meta.rollout_id, "attempt_id": last.attempt_id,
         "policy_version": min(known) if known else None, "policy_versions": versions, "turns": len(turns),
         "prompt_token_ids": prompt, "response_token_ids": response, "response_loss_mask": mask,
@@ -183,10 +188,10 @@ def read_triplets(dsn: str) -> tuple[list[TripletEmitted], dict[str, str]]:
 
 def _triplet(r: Sequence[Any]) -> TripletEmitted:
     (rollout_id, attempt_id, index, group_id, policy_version, resources_id, prompt_ids, response_ids, logprobs,
-     prompt_text, response_text, reward, metadata_json, event_id, producer_id, producer_seq, timestamp_ns) = r
+     prompt_text, response_text, reward, metadata_json, event_id, producer_id, producer_seq, timestamp_ns, run_id) = r
     return TripletEmitted.model_validate({
         "meta": {"event_id": event_id, "rollout_id": rollout_id, "producer_id": producer_id,
-                 "producer_seq": producer_seq, "timestamp_ns": timestamp_ns},
+                 "producer_seq": producer_seq, "timestamp_ns": timestamp_ns, "run_id": run_id or None},
         "attempt_id": attempt_id, "group_id": group_id, "index": index, "policy_version": policy_version or None,
         "resources_id": resources_id or None, "prompt_token_ids": prompt_ids, "response_token_ids": response_ids,
         "response_logprobs": logprobs, "prompt_text": prompt_text, "response_text": response_text, "reward": reward,

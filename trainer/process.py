@@ -57,7 +57,7 @@ METRICS_FILE = "trainer-metrics.jsonl"
 @dataclass
 class TrainerConfig:
     policy: PolicyKind = "tiny"
-    checkpoint_dir: Path | None = None  # default: <data_dir>/checkpoints
+    checkpoint_dir: Path | None = None  # default: <data_dir>/checkpoints, /<run id> in a training run
     group_size: int = 4
     groups_per_step: int = 8
     max_seconds: float | None = None  # also close a window after this long (time window)
@@ -95,7 +95,8 @@ class TrainerProcess(Work[TripletEmitted]):
     def __init__(self, settings: Settings, cfg: TrainerConfig | None = None) -> None:
         self.settings = settings
         self.cfg = cfg or TrainerConfig()
-        self.root = self.cfg.checkpoint_dir or settings.data_dir / "checkpoints"
+        # A training run's checkpoints stay its own: the runs of one data dir share it (docs/history.md).
+        self.root = self.cfg.checkpoint_dir or settings.data_dir / "checkpoints" / (settings.run_id or "")
         self.events = EventProducer(settings, role=ROLE)
         self.topics = self.events.topics
         self.metrics_path = settings.data_dir / METRICS_FILE

@@ -16,6 +16,7 @@ from litstream.schemas.events import RolloutSnapshot
 from litstream.schemas.models import ROLLOUT_STATUSES, Span
 from litstream.schemas.policy_versions import parse_policy_version
 from litstream.streams.replay import parse_until
+from litstream.workers.runs import RunSummary, label_key
 
 PAGE_SIZE = 25
 MODES = ("train", "val", "test")
@@ -420,6 +421,19 @@ def reward_series(rows: list[list[Any]]) -> dict[str, Any]:
         by_mode.setdefault(str(mode) or "train", {})[str(resources_id)] = float(mean)
     return {"labels": versions,
             "series": {mode: [values.get(v) for v in versions] for mode, values in by_mode.items()}}
+
+
+def run_series(runs: list[RunSummary]) -> dict[str, Any]:
+    """Training runs -> chart data: one label per version, a validation and a training line per run (named by the
+    run's name and the end of its id, which is unique)."""
+    labels = sorted({label for r in runs for label in (*r.validation, *r.training)}, key=label_key)
+    series: dict[str, list[float | None]] = {}
+    for r in runs:
+        name = f"{r.name} …{r.run_id[-6:]}" if r.name else r.run_id
+        for mode, scores in (("validation", r.validation), ("train", r.training)):
+            if scores:
+                series[f"{name} {mode}"] = [round(scores[k].mean, 4) if k in scores else None for k in labels]
+    return {"labels": labels, "series": series}
 
 
 def step_series(records: list[dict[str, Any]]) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from litstream.schemas.events import RolloutSnapshot
 from litstream.schemas.models import ROLLOUT_STATUSES
 from litstream.schemas.policy_versions import parse_policy_version
 from litstream.streams.replay import parse_until
+from litstream.workers import runs
 from litstream.workers.store import LitStore
 
 from . import data
@@ -231,13 +232,19 @@ class Dashboard:
         body: dict[str, Any] = {"steps": data.step_series(records)}
         try:
             body["rewards"] = data.reward_series((await self.sql(REWARD_SQL)).rows)
+            body["runs"] = data.run_series(await asyncio.to_thread(self._runs))
         except Exception as exc:  # noqa: BLE001 - shown next to the chart
             body["rewards"], body["error"] = {"labels": [], "series": {}}, f"rewards: {exc}"
+            body["runs"] = {"labels": [], "series": {}}
         latest = self.store.resources.state.latest
         body["latest_resources"] = latest.resources_id if latest is not None else None
         if body["steps"]["current_version"] is None and latest is not None:  # no step yet: the published one
             body["steps"]["current_version"] = parse_policy_version(latest.resources_id)
         return web.json_response(body)
+
+    def _runs(self) -> list[runs.RunSummary]:
+        dsn = self.settings.resolved_clickhouse_dsn
+        return runs.list_runs(lambda sql: clickhouse.user_sql(dsn, sql), runs.run_records(self.settings.data_dir))
 
     # -- resources, workers, dead letters --------------------------------------------------------------------
 

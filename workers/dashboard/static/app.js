@@ -110,6 +110,8 @@
     emptyNote("chart-reward", body.rewards.labels.length === 0, "No reward recorded yet.");
     emptyNote("chart-step-reward", s.labels.length === 0, "No training step yet: the trainer steps once a window of groups is full.");
     lineChart(document.getElementById("chart-reward"), body.rewards.labels, body.rewards.series, { legend: true });
+    emptyNote("chart-runs", body.runs.labels.length === 0, "No training run in this history yet (litstream train, Trainer.fit).");
+    lineChart(document.getElementById("chart-runs"), body.runs.labels, body.runs.series, { legend: true });
     lineChart(document.getElementById("chart-step-reward"), s.labels, { "mean reward": s.reward });
     lineChart(document.getElementById("chart-step-time"), s.labels, { "step time (s)": s.step_s }, { zero: true });
     lineChart(document.getElementById("chart-tps"), s.labels, { "tokens/s": s.tokens_per_s }, { zero: true });

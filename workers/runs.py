@@ -1,4 +1,5 @@
-"""``litstream runs``: the training runs a data dir's history holds, read from its ClickHouse tables.
+"""The training runs a data dir's history holds, read from its ClickHouse tables (``litstream runs``, the
+dashboard's Training page).
 
 A run is every rollout whose ``RolloutEnqueued`` event carries its run id (the driver of ``litstream train`` /
 ``Trainer.fit`` writes them), so what the log holds decides, not a file. From the tables:
@@ -28,8 +29,6 @@ from typing import Any
 from litstream.infra import health
 from litstream.infra.clickhouse import QueryResult
 from litstream.schemas.policy_versions import parse_policy_version
-
-from .report import version_key
 
 Run = Callable[[str], QueryResult]
 
@@ -81,6 +80,7 @@ class RunSummary:
     last_event: float
     name: str = ""
     status: str = "no record"  # from its record: running, finished, stopped, failed, killed (no end recorded)
+    topic_prefix: str = ""  # where its log is (an embedded run's own topics), from its record
     rollouts: int = 0
     succeeded: int = 0
     last_version: int | None = None
@@ -101,6 +101,7 @@ class RunSummary:
         best = self.best
         return {"run_id": self.run_id, "name": self.name, "started": iso(self.started),
                 "duration_s": round(self.last_event - self.started, 1), "status": self.status,
+                "topic_prefix": self.topic_prefix,
                 "rollouts": self.rollouts, "succeeded": self.succeeded, "last_version": self.last_version,
                 "trained_samples": self.trained_samples,
                 "best": None if best is None else {"version": best[0], "mean": round(best[1].mean, 4),
@@ -121,7 +122,9 @@ def version_label(resources_id: str) -> str:
 
 
 def label_key(label: str) -> tuple[int, int, str]:
-    return version_key(f"policy-{label}" if label.startswith("v") and label[1:].isdigit() else label)
+    """Policy versions by number, then other resources ids by name."""
+    n = parse_policy_version(f"policy-{label}") if label.startswith("v") else None
+    return (0, n, "") if n is not None else (1, 0, label)
 
 
 def iso(seconds: float) -> str:
@@ -147,6 +150,7 @@ def list_runs(run: Run, records: dict[str, dict[str, Any]] | None = None) -> lis
         if run_id in runs:
             runs[run_id].name = str(record.get("name", ""))
             runs[run_id].status = record_status(record)
+            runs[run_id].topic_prefix = str(record.get("topic_prefix", ""))
     return sorted(runs.values(), key=lambda r: r.started)
 
 
@@ -183,9 +187,11 @@ RUNS_DIR = "runs"  # <data dir>/runs/<run id>.json: the records of runs that joi
 
 
 def run_records(data_dir: Path) -> dict[str, dict[str, Any]]:
-    """The run records in a data dir, by run id: its own ``run.json`` (a run's data dir), its runs' (``<data
-    dir>/<run name>/run.json``) and those of runs that joined it (``runs/``). An unreadable record is skipped."""
-    paths = [data_dir / RUN_FILE, *data_dir.glob(f"*/{RUN_FILE}"), *data_dir.glob(f"{RUNS_DIR}/*.json")]
+    """The run records in a data dir, by run id: ``runs/<run id>.json`` of the runs of this data dir (embedded
+    runs, and runs that joined its stack) or of the data dirs below it (``<run name>/runs/``), and the older
+    ``run.json`` records. An unreadable record is skipped."""
+    paths = [data_dir / RUN_FILE, *data_dir.glob(f"*/{RUN_FILE}"), *data_dir.glob(f"{RUNS_DIR}/*.json"),
+             *data_dir.glob(f"*/{RUNS_DIR}/*.json")]  # a run's own record last: it has the most
     records: dict[str, dict[str, Any]] = {}
     for path in paths:
         try:
