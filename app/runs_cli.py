@@ -39,7 +39,7 @@ def _found(runs: list[rs.RunSummary], wanted: str) -> rs.RunSummary:
 
 def _best(r: rs.RunSummary) -> str:
     best = r.best
-    return f"{best[0]} {best[1].mean:.3f} ± {best[1].se:.3f}" if best else ""
+    return f"{best[0]} {best[1].mean:.3f}±{best[1].se:.3f}" if best else ""
 
 
 def _duration(seconds: float) -> str:
@@ -64,14 +64,18 @@ def runs(ctx: click.Context, as_json: bool) -> None:
         err.print("no training runs in this history: a run's rollouts carry its id (`litstream train`, "
                   "`Trainer.fit`), and rollouts written before runs were recorded carry none")
         return
-    table = Table(title="Training runs", title_justify="left")
-    table.add_column("name")
+    names = {r.name for r in found}
+    table = Table(title="Training runs" + (f" ({next(iter(names))})" if len(names) == 1 else ""),
+                  title_justify="left")
+    if len(names) > 1:  # a column only where the runs' names differ
+        table.add_column("name")
     table.add_column("id", no_wrap=True)
-    for column in ("started (UTC)", "duration", "versions", "best validated", "rollouts", "status"):
+    for column in ("started (UTC)", "took", "versions", "best validated", "rollouts", "status"):
         table.add_column(column)
     for r in found:
-        table.add_row(r.name, r.run_id, rs.iso(r.started), _duration(r.last_event - r.started),
-                      "" if r.last_version is None else str(r.last_version), _best(r), str(r.rollouts), r.status)
+        table.add_row(*([r.name] if len(names) > 1 else []), r.run_id, rs.iso(r.started)[5:16],
+                      _duration(r.last_event - r.started), "" if r.last_version is None else str(r.last_version),
+                      _best(r), str(r.rollouts), r.status)
     console.print(table)
 
 

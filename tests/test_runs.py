@@ -104,7 +104,7 @@ def test_runs_show_and_compare_from_the_command_line(history: Path) -> None:
     assert second["status"] == "killed (no end recorded)" and second["last_version"] is None
 
     table = _cli(history)
-    assert table.returncode == 0 and A in table.stdout and "v1 1.000 ± 0.000" in table.stdout
+    assert table.returncode == 0 and A in table.stdout and "v1 1.000±0.000" in table.stdout
 
     shown = _cli(history, "show", "run-20261129")  # a prefix of the id; its name works as well
     assert shown.returncode == 0 and "second" in shown.stdout and "0.500 ± 0.500 (2)" in shown.stdout
