@@ -107,7 +107,7 @@ class LifecycleProcessor:
         self.loglevel = loglevel
         self.topics = Topics(settings.topic_prefix)
         self.codec = codec or default_codec(settings.schema_registry_url)
-        self.factory = EventFactory(settings.producer_id, role=ROLE)
+        self.factory = EventFactory(settings.producer_id, role=ROLE, run_id=settings.run_id)
         self.stats = {"applied": 0, "duplicates": 0, "dead_letters": 0, "timeout": 0, "unresponsive": 0,
                       "retries": 0}
         faust_patches.apply()
