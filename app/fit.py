@@ -112,6 +112,9 @@ class StackDriver:
         self.pending: dict[str, _Pending] = {}
         self.stop_event = threading.Event()
         self.serving_through_proxy = False  # True once a policy server publishes itself
+        # The URL agents get from this stack's policy server: a resumed run's log also holds the proxies of the
+        # server its earlier part ran, whose URL is gone.
+        self.server_endpoint: str | None = None
         self.gateway_url: str | None = None  # where Agent Lightning's own runners reach this stack
         self.adopted: list[str] = []  # rollouts the earlier part of a resumed run left unfinished
         self._last_show = 0.0
@@ -222,7 +225,26 @@ class StackDriver:
         update = self.resources_view.state.by_id.get(resources_id)
         if update is None:
             return False
-        return not self.serving_through_proxy or any(isinstance(r, ProxyLLM) for r in update.resources.values())
+        return not self.serving_through_proxy or any(
+            isinstance(r, ProxyLLM) and (self.server_endpoint is None or r.endpoint == self.server_endpoint)
+            for r in update.resources.values())
+
+    def front_newest_policy(self) -> None:
+        """A resumed run's newest policy version, published again as its trainer published it (the proxy of the
+        server its earlier part ran is gone with that server), so this stack's policy server fronts it."""
+        from litstream.workers.policy_server.versions import WEIGHTS_RESOURCE, policy_llm
+
+        versions = [(v, rid) for rid in list(self.resources_view.state.by_id)
+                    if (v := parse_policy_version(rid)) is not None]
+        if not versions or self.servable(max(versions)[1]):
+            return
+        rid = max(versions)[1]
+        update = self.resources_view.state.by_id[rid]
+        llm = policy_llm(update)
+        if llm is None:
+            return
+        others = {k: r for k, r in update.resources.items() if k not in (POLICY_RESOURCE, WEIGHTS_RESOURCE)}
+        self.publish({POLICY_RESOURCE: llm, **others}, rid)
 
     def latest_policy(self) -> Policy | None:
         """The newest ``policy-vN`` publication, once it is served to agents (a ProxyLLM when a policy server
@@ -250,9 +272,15 @@ class StackDriver:
     def stopping(self) -> bool:
         if self.stack is not None:
             self._retire_finished()
+            if self.serving_through_proxy:  # a restarted policy server may listen elsewhere
+                self.server_endpoint = self.policy_server_endpoint() or self.server_endpoint
             for line in self.stack.supervise():  # a crashed runner is restarted; its claims are retried
                 self.console.print(f"  [yellow]supervisor:[/] {line}")
         return self.stop_event.is_set()
+
+    def policy_server_endpoint(self) -> str | None:
+        """The URL this stack's policy server publishes (its health beat says it)."""
+        return (health.read(self.settings.data_dir, "policy-server") or {}).get("endpoint")
 
     def _retire_finished(self) -> None:
         """A service that stopped by itself with code 0 (the trainer after --max-steps) is done, not crashed:
@@ -578,6 +606,8 @@ class Trainer:
             self._wait_ready(stack, roles.trainer())  # the algorithm started it, with its options
         if self.serve_policy:
             self._start_policy_server(stack, driver)
+            if self.resume:
+                driver.front_newest_policy()
         if self.gateway:
             self._start_gateway(stack, driver)
         if not self.algorithm.trains_policy and driver.latest_policy() is None:
@@ -603,6 +633,7 @@ class Trainer:
         driver.serving_through_proxy = True
         stack.start_role(server)
         self._wait_ready(stack, server)
+        driver.server_endpoint = driver.policy_server_endpoint()
 
     def _start_gateway(self, stack: Stack, driver: StackDriver) -> None:
         """The gateway on a port fixed for the whole run (a restarted gateway keeps the URL runners were given)."""

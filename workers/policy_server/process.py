@@ -83,7 +83,9 @@ class RunningServer:
         return f"http://{self.options.host}:{self.port}/v1"
 
     def report(self) -> Mapping[str, Any]:
-        return {"url": self.base_url, "version": self.server.backend.version, **self.server.stats,
+        follower = getattr(self, "follower", None)  # set once the server listens
+        return {"url": self.base_url, "version": self.server.backend.version,
+                "endpoint": follower.public_endpoint if follower is not None else None, **self.server.stats,
                 **self.recorder.stats}
 
     async def stop(self) -> None:

@@ -35,6 +35,7 @@ from .backends import Backend
 
 log = logging.getLogger("litstream.policy_server")
 WEIGHTS_RESOURCE = "policy_weights"
+CATCH_UP_S = 60.0  # how long a starting server reads the resources topic before it serves what it has
 
 
 class _Feed(ResourcesView):
@@ -90,6 +91,9 @@ class VersionFollower:
         set_from_thread(self._loop, self._wake)
 
     async def _follow(self) -> None:
+        # The log as it is first: a server (re)started on a long log serves its newest publication, not each one
+        # it reads on the way there.
+        await asyncio.to_thread(self.view.caught_up, CATCH_UP_S)
         while True:
             await self._wake.wait()
             self._wake.clear()
