@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from typing import Any
 
 from litstream.schemas.events import (
     AttemptHeartbeat,
@@ -78,3 +80,20 @@ def all_records() -> list[AvroModel]:
                         attempts=[AttemptSnapshot(attempt_id="at-1", sequence_id=1, start_time=now)],
                         updated_ns=time.time_ns()),
     ]
+
+
+def stored_history(data_dir: Path, tables: dict[str, Any]) -> Path:
+    """A data dir whose ClickHouse (chDB) holds ``tables`` (name -> Arrow table) as the pipeline would have stored
+    them; returns the data dir."""
+    from litstream.infra.clickhouse import ClickHouse
+    from litstream.infra.settings import Settings
+
+    ch = ClickHouse(Settings(data_dir=data_dir).resolved_clickhouse_dsn, role="test")
+    try:
+        ch.migrate()
+        for name, table in tables.items():
+            ch.insert_arrow(name, table)
+    finally:
+        ch.close()
+    return data_dir
+

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from litstream.infra.clickhouse import ClickHouse
-from litstream.infra.settings import Settings
 from litstream.schemas.events import EventFactory, RolloutEnqueued, TripletEmitted
 from litstream.streams.event_rows import Positioned, event_arrow, triplet_arrow
 from litstream.trainer.export import ExportFilter, trajectory_records
+from tests.samples import stored_history
 
 F = EventFactory(role="test")
 CALL = {"id": "call_1", "type": "function", "name": "get_weather", "arguments": '{"city": "Oslo"}'}
@@ -83,16 +82,9 @@ def test_turns_that_do_not_join_keep_the_conversation_and_leave_the_tokens_out()
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Iterator[Path]:
     """A run's data dir whose ClickHouse holds the triplets and enqueue events the pipeline would have stored."""
-    settings = Settings(data_dir=tmp_path / "train")
-    ch = ClickHouse(settings.resolved_clickhouse_dsn, role="test")
-    try:
-        ch.migrate()
-        ch.insert_arrow("triplets", triplet_arrow(tool_attempt()))
-        enqueued = RolloutEnqueued(meta=F.meta("ro-tool"), input={"city": "Oslo"}, start_time=1.0, mode="train")
-        ch.insert_arrow("rollout_events", event_arrow([Positioned(enqueued, 0, 0)]))
-    finally:
-        ch.close()
-    yield settings.data_dir
+    enqueued = RolloutEnqueued(meta=F.meta("ro-tool"), input={"city": "Oslo"}, start_time=1.0, mode="train")
+    yield stored_history(tmp_path / "train", {"triplets": triplet_arrow(tool_attempt()),
+                                             "rollout_events": event_arrow([Positioned(enqueued, 0, 0)])})
 
 
 def test_the_export_loads_with_datasets_and_trains_with_trl_unchanged(run_dir: Path, tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from litstream.schemas.events import (
 from litstream.streams.event_rows import Positioned, event_arrow, lineage_arrow
 from litstream.streams.span_rows import span_arrow
 from litstream.workers.runs import RunSummary, find, list_runs, run_records
-from tests.samples import span
+from tests.samples import span, stored_history
 
 A, B = "run-20261128T100000Z-aaaaaa", "run-20261129T100000Z-bbbbbb"
 # (rollout, run, mode, version it ran with, reward)
@@ -52,20 +52,16 @@ def _reward(rid: str, version: int, reward: float) -> object:
 @pytest.fixture
 def history(tmp_path: Path) -> Iterator[Path]:
     """A data dir whose ClickHouse holds both runs, and the records the runs wrote: A finished, B killed."""
-    settings = Settings(data_dir=tmp_path / "data")
-    ch = ClickHouse(settings.resolved_clickhouse_dsn, role="test")
-    try:
-        ch.migrate()
-        events = [e for rid, run, mode, version, _ in ROLLOUTS for e in _events(rid, run, mode, version)]
-        ch.insert_arrow("rollout_events", event_arrow([Positioned(e, 0, i) for i, e in enumerate(events)]))
-        ch.insert_arrow("spans", span_arrow([_reward(rid, v, r) for rid, _, _, v, r in ROLLOUTS]))  # type: ignore[misc]
-        trained = VersionTrained(**EventFactory(role="test").stamp(), resources_id="policy-v1", run_id=A, version=1, time=time.time(), window="count",
-                                 samples=[TrainedSample(rollout_id=rid, attempt_id=f"at-{rid}", group_id="t",
-                                                        index=0, policy_version=0, reward=r)
-                                          for rid, _, _, _, r in ROLLOUTS[:2]])
-        ch.insert_arrow("trained_on", lineage_arrow([trained, trained]))  # sent twice: collapses
-    finally:
-        ch.close()
+    events = [e for rid, run, mode, version, _ in ROLLOUTS for e in _events(rid, run, mode, version)]
+    trained = VersionTrained(**EventFactory(role="test").stamp(), resources_id="policy-v1", run_id=A, version=1,
+                             time=time.time(), window="count",
+                             samples=[TrainedSample(rollout_id=rid, attempt_id=f"at-{rid}", group_id="t", index=0,
+                                                    policy_version=0, reward=r) for rid, _, _, _, r in ROLLOUTS[:2]])
+    data_dir = stored_history(tmp_path / "data", {
+        "rollout_events": event_arrow([Positioned(e, 0, i) for i, e in enumerate(events)]),
+        "spans": span_arrow([_reward(rid, v, r) for rid, _, _, v, r in ROLLOUTS]),  # type: ignore[misc]
+        "trained_on": lineage_arrow([trained, trained])})  # sent twice: collapses
+    settings = Settings(data_dir=data_dir)
     runs_dir = settings.data_dir / "runs"
     runs_dir.mkdir(parents=True)
     (runs_dir / f"{A}.json").write_text(json.dumps({"run_id": A, "name": "first", "pid": os.getpid(),
