@@ -483,13 +483,17 @@ def process_triplets() -> None:
 @click.option("--restore", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None,
               help="Start from the newest checkpoint's version and positions with this checkpoint's weights, "
                    "published as the next version (a run falling back to its best validated version).")
+@click.option("--init-from", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None,
+              help="A fresh run's version 0 is this checkpoint's weights (a warm start) instead of the policy's own; "
+                   "ignored once the run has a checkpoint.")
 @click.option("--seed", default=0, show_default=True)
 def process_trainer(policy: str, checkpoints: Path | None, group_size: int, groups_per_step: int,
                     window_seconds: float | None, max_staleness: int, lr: float, lr_schedule: str, kl_beta: float,
                     epochs: int, entropy_coef: float, lr_by_signal: bool, entropy_fade: bool,
                     train_top_layers: int | None, lora_rank: int | None, temperature: float,
                     max_tokens: int | None, keep_every: int | None, max_steps: int | None, vllm_url: str | None,
-                    watch_kl: bool, trajectories: bool, restore: Path | None, seed: int) -> None:
+                    watch_kl: bool, trajectories: bool, restore: Path | None, init_from: Path | None,
+                    seed: int) -> None:
     """The GRPO trainer: triplets topic -> windows -> update -> checkpoint -> policy-vN on the resources topic."""
     from litstream.trainer.defaults import defaults_for
     from litstream.trainer.grpo import LossConfig
@@ -501,7 +505,7 @@ def process_trainer(policy: str, checkpoints: Path | None, group_size: int, grou
     cfg = TrainerConfig(policy=policy, checkpoint_dir=checkpoints, group_size=group_size,
                         groups_per_step=groups_per_step, max_seconds=window_seconds, max_staleness=max_staleness,
                         max_steps=max_steps, vllm_url=vllm_url, seed=seed, keep_every=keep_every, restore=restore,
-                        trajectories=trajectories,
+                        init_from=init_from, trajectories=trajectories,
                         sampling={"temperature": temperature, "max_tokens": tokens},
                         learner=LearnerConfig(lr=lr, epochs=epochs, lr_schedule=lr_schedule, total_steps=max_steps,
                                               entropy_fade=entropy_fade, lr_by_signal=lr_by_signal,

@@ -24,7 +24,7 @@ from typing import Any
 
 from rich.console import Console
 
-from litstream.infra import health
+from litstream.infra import clickhouse, health
 from litstream.infra.broker import free_port
 from litstream.infra.producer import EventProducer
 from litstream.infra.service import on_stop_signals
@@ -296,6 +296,21 @@ class StackDriver:
             self.console.print(f"  {message}")
             self._last_show = time.monotonic()
 
+    def trajectories(self, run: str) -> tuple[str, list[dict[str, Any]]]:
+        from litstream.trainer import export
+        from litstream.workers import runs
+
+        dsn = self.settings.resolved_clickhouse_dsn
+        with clickhouse.reader(dsn, may_open=False, wait_s=120.0) as query:  # the stack's span sink owns chDB
+            run_id = runs.find(runs.list_runs(query, runs.run_records(self.settings.data_dir)), run).run_id
+        triplets, modes = export.read_triplets(dsn, run_id=run_id, may_open=False, wait_s=120.0)
+        return run_id, export.trajectory_records(triplets, modes, run=run_id)
+
+    def work_dir(self) -> Path:
+        path = self.settings.data_dir / "checkpoints" / (self.settings.run_id or "") / "work"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
     def notice(self, message: str) -> None:
         """A line the user must see, printed whenever it comes (progress lines are thinned to one per 5 s)."""
         self.console.print(f"  [bold]{message}[/]")
@@ -307,6 +322,10 @@ def outcome_lines(extra: dict[str, Any]) -> list[str]:
     from rich.markup import escape
 
     lines = []
+    warm = extra.get("warm_start")
+    if warm:
+        lines.append(f"warm start: v0 fine-tuned on {warm['trajectories']} trajectories of "
+                     f"{escape(str(warm['source']))} ({warm['tasks']} tasks) in {warm['seconds']:.0f}s")
     best = extra.get("best")
     if best:
         lines.append(f"best validated version: v{best['version']} ({best['validation']:.3f}), published as "

@@ -15,6 +15,7 @@ from rich.table import Table
 from litstream.infra.settings import Settings
 from litstream.trainer.algorithm import GRPO, Algorithm, Baseline, PromptSearch
 from litstream.trainer.defaults import SMOLLM2, TINY
+from litstream.trainer.rft import RftConfig
 
 EXAMPLE = """\b
 Examples:
@@ -28,6 +29,8 @@ Examples:
 
 
 def _algorithm(name: str, opts: dict[str, Any]) -> Algorithm:
+    if opts["warm_start"] and name != "grpo":
+        raise click.UsageError("--warm-start starts GRPO's version 0; --algorithm " + name + " trains no policy")
     if name == "baseline":
         return Baseline()
     if name == "prompt-search":
@@ -42,7 +45,8 @@ def _algorithm(name: str, opts: dict[str, Any]) -> Algorithm:
                 ppo_epochs=opts["epochs"], entropy_coef=opts["entropy_coef"], temperature=opts["temperature"],
                 train_top_layers=opts["train_top_layers"], lora_rank=opts["lora_rank"],
                 max_tokens=opts["max_tokens"], max_staleness=opts["max_staleness"], seed=opts["seed"],
-                trajectories=opts["trajectories"])
+                trajectories=opts["trajectories"], warm_start=opts["warm_start"],
+                rft=RftConfig(min_reward=opts["warm_start_min_reward"]))
 
 
 def _per_model(field: str, fmt: str = "{}") -> str:
@@ -106,6 +110,12 @@ def _per_model(field: str, fmt: str = "{}") -> str:
 @click.option("--trajectories/--per-call", default=True, show_default=True,
               help="GRPO: train a multi-turn attempt as one sequence (only its sampled tokens in the loss), where each "
                    "turn's prompt extends the previous turn's tokens; or each LLM call on its own.")
+@click.option("--warm-start", default=None, metavar="RUN|FILE",
+              help="GRPO: version 0 is the model fine-tuned first on the best training trajectories of an earlier "
+                   "run in this data dir (its id, a unique prefix or its name: `litstream runs`) or of a dataset "
+                   "file `litstream export` wrote; rejection-sampling fine-tuning, no new rollouts.")
+@click.option("--warm-start-min-reward", type=float, default=RftConfig.min_reward, show_default=True,
+              help="GRPO: the reward a trajectory needs to be fine-tuned on by --warm-start.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--template", multiple=True, help="prompt-search: a candidate prompt template (repeatable).")
 @click.option("--rounds", default=1, show_default=True, help="prompt-search: critic proposals to try.")

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from litstream.app.fit import StackDriver, Trainer, agent_path, load_dataset
+from litstream.app.fit import FitSummary, StackDriver, Trainer, agent_path, load_dataset
 from litstream.app.stack import Stack
 from litstream.infra import clickhouse
 from litstream.infra.broker import KafkaBroker
@@ -27,6 +27,7 @@ from litstream.infra.settings import Settings
 from litstream.schemas.models import LLM
 from litstream.schemas.policy_versions import POLICY_RESOURCE, policy_resources_id
 from litstream.trainer.algorithm import GRPO, VAL, Algorithm, Baseline, Driver, run_all, wait_for_policy
+from litstream.trainer.rft import RftConfig
 from litstream.workers.runs import list_runs, run_records
 
 TASKS = [{"letter": "a", "count": 1}, {"letter": "b", "count": 2}, {"letter": "c", "count": 1}]
@@ -82,11 +83,20 @@ def joined(shared_stack: Stack) -> Iterator[Callable[..., Trainer]]:
         shared_stack.children.pop(name).proc.stop()
 
 
-@pytest.mark.timeout(900)
-def test_fit_makes_n_times_group_size_training_rollouts_and_validates_each_version(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def grpo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Settings, GRPO, FitSummary]:
+    """A small GRPO run of the tiny policy, validating each version; its data dir, algorithm and summary."""
+    settings = _settings(tmp_path_factory.mktemp("grpo-run"))
     algorithm = GRPO(group_size=2, groups_per_step=1, passes=1, val_every=1, window_seconds=5.0, in_flight=4)
-    summary = Trainer(algorithm=algorithm, n_runners=1, concurrency=4, settings=_settings(tmp_path),
+    summary = Trainer(algorithm=algorithm, n_runners=1, concurrency=4, settings=settings,
                       quiet=True).fit("tests.fit_agents:two_dimension_agent", TASKS, VAL_TASKS)
+    return settings, algorithm, summary
+
+
+@pytest.mark.timeout(900)
+def test_fit_makes_n_times_group_size_training_rollouts_and_validates_each_version(
+        grpo_run: tuple[Settings, GRPO, FitSummary]) -> None:
+    _, algorithm, summary = grpo_run
     train = algorithm.history.train
     assert sum(len(rs) for rs in train.values()) == len(TASKS) * 2
     assert summary.failed == 0
@@ -108,6 +118,30 @@ def test_fit_makes_n_times_group_size_training_rollouts_and_validates_each_versi
     assert (run.run_id, run.name, run.status, run.rollouts) == (summary.run_id, "train", "finished", summary.rollouts)
     assert {label: score.mean for label, score in run.validation.items()} == pytest.approx(
         {f"v{v}": r for v, r in summary.val_reward_by_version.items()})
+
+
+@pytest.mark.timeout(900)
+def test_a_warm_start_fine_tunes_version_0_on_an_earlier_runs_best_trajectories(
+        grpo_run: tuple[Settings, GRPO, FitSummary]) -> None:
+    """A second run in the same data dir names the first: its version 0 is the tiny policy fine-tuned (TRL's
+    SFTTrainer) on the first run's training trajectories, before any rollout of its own."""
+    from safetensors.torch import load_file
+
+    settings, _, first = grpo_run
+    assert first.run_id is not None
+    warm = GRPO(group_size=2, groups_per_step=1, max_versions=1, val_every=0, window_seconds=5.0, in_flight=4,
+                warm_start=first.run_id[:-2], rft=RftConfig(min_reward=0.0, epochs=1))
+    summary = Trainer(algorithm=warm, n_runners=1, concurrency=4, settings=settings,
+                      quiet=True).fit("tests.fit_agents:two_dimension_agent", TASKS[:1])
+    ws = summary.extra["warm_start"]
+    assert ws["source"] == first.run_id and 0 < ws["trajectories"] <= len(TASKS) * 2 and ws["tasks"] == len(TASKS)
+    assert ws["steps"] >= 1 and ws["first_loss"] is not None
+    run_dir = Path(summary.data_dir)
+    start = load_file(str(run_dir / "checkpoints" / str(summary.run_id) / "v0" / "model.safetensors"))
+    tuned = load_file(str(Path(ws["checkpoint"]) / "model.safetensors"))
+    base = load_file(str(run_dir / "checkpoints" / first.run_id / "v0" / "model.safetensors"))
+    assert all(start[k].equal(tuned[k]) for k in tuned)  # the run began from the fine-tuned weights
+    assert any(not tuned[k].equal(base[k]) for k in tuned)  # which moved from the policy's own
 
 
 @pytest.mark.timeout(900)

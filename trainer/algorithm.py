@@ -29,6 +29,7 @@ from litstream.schemas.models import NamedResources, PromptTemplate
 from litstream.schemas.policy_versions import parse_policy_version, policy_resources_id
 
 from .defaults import check_lr, defaults_for, with_lora_lr
+from .rft import RftConfig
 from .sampling import left_out_text
 from .signals import (
     TRY_WHEN_DEGRADING,
@@ -115,6 +116,13 @@ class Driver(Protocol):
 
     def notice(self, message: str) -> None:
         """A line the user must see: a warning, a verdict."""
+
+    def trajectories(self, run: str) -> tuple[str, list[dict[str, Any]]]:
+        """A training run's trajectories from the log, as ``litstream export`` writes them (trainer/export.py):
+        the run named by its id, a unique prefix of it or its name; returns its id and its records."""
+
+    def work_dir(self) -> Path:
+        """A directory of this run's own, kept with its checkpoints (a resumed run finds it again)."""
 
 
 def run_all(driver: Driver, tasks: Sequence[Any], mode: str, resources_id: str | None = None,
@@ -271,6 +279,10 @@ class GRPO(Algorithm):
     watch_drift: bool | None = None
     # A multi-turn attempt trains as one sequence, its turns joined (trainer/trajectories.py); False: each call
     trajectories: bool = True
+    # Start from a warm start (trainer/rft.py): version 0 fine-tuned on the best trajectories of this run (its id,
+    # a unique prefix or its name) or of this dataset file (`litstream export`'s JSONL or Parquet)
+    warm_start: str | None = None
+    rft: RftConfig = field(default_factory=RftConfig)
     drift_bands: DriftBands = field(default_factory=DriftBands)
     max_fallbacks: int = 2
     seed: int = 0
@@ -323,6 +335,7 @@ class GRPO(Algorithm):
         self._last_rollout: str | None = None
         self.watch = _DriftWatch(self.drift_bands if self.watch_drift else None)
         self.fallbacks: list[dict[str, Any]] = []  # each fall back to the best validated version: why, to what
+        self.warm: dict[str, Any] | None = None  # what the warm start trained on and how long it took
 
     # --- what the run is ------------------------------------------------------------------------------------
 
@@ -347,7 +360,7 @@ class GRPO(Algorithm):
                 f"{self.groups_per_step} groups per step, {self.ppo_epochs} optimizer step(s) per window, "
                 f"temperature {self.temperature:g}, {self.max_tokens} response tokens, entropy bonus "
                 f"{self.entropy_coef:g}{' (fading with the reward)' if self.entropy_fade and self.entropy_coef else ''}"
-                f"; until {self.budget_text()}")
+                f"{f'; a warm start from {self.warm_start}' if self.warm_start else ''}; until {self.budget_text()}")
 
     def trainer_args(self) -> list[str]:
         return ["process", "trainer", "--policy", self.model, "--group-size", str(self.group_size),
@@ -368,7 +381,37 @@ class GRPO(Algorithm):
     def prepare(self, driver: Driver) -> None:
         for w in self.warnings:
             _notice(driver, f"warning: {w}")
-        driver.start_service("trainer", *self.trainer_args())
+        start = self._warm_start(driver) if self.warm_start else None
+        driver.start_service("trainer", *self.trainer_args(), *(["--init-from", str(start)] if start else []))
+
+    def _warm_start(self, driver: Driver) -> Path:
+        """Version 0's weights: the model fine-tuned on the best trajectories ``warm_start`` names (trainer/rft.py),
+        once per run (a resumed run finds them in its work dir)."""
+        from . import export
+        from .checkpoint import latest_checkpoint
+        from .rft import fine_tune, select_best
+
+        out = driver.work_dir() / "warm-start"
+        done = latest_checkpoint(out)
+        if done is not None:
+            return done
+        source = Path(str(self.warm_start))
+        if source.is_file():
+            name, records = str(source), export.read(source)
+        else:
+            name, records = driver.trajectories(str(self.warm_start))
+        chosen = select_best(records, self.rft)
+        _notice(driver, f"warm start from {name}: {chosen.text()}")
+        if not chosen.rows:
+            raise ValueError(f"warm start from {name}: no training trajectory with a reward of at least "
+                             f"{self.rft.min_reward:g} and its token ids to fine-tune on")
+        tuned = fine_tune(self.model, chosen.rows, out, self.rft, train_top=self.train_top_layers or None,
+                          seed=self.seed, progress=driver.show)
+        self.warm = {"source": name, "trajectories": chosen.kept, "tasks": chosen.tasks, **tuned.as_dict()}
+        loss = (f", loss {tuned.first_loss:.3f} -> {tuned.last_loss:.3f}"
+                if tuned.first_loss is not None and tuned.last_loss is not None else "")
+        _notice(driver, f"warm start: fine-tuned in {tuned.steps} steps, {tuned.seconds:.0f} s{loss}")
+        return tuned.checkpoint
 
     # --- the run --------------------------------------------------------------------------------------------
 
@@ -636,7 +679,7 @@ class GRPO(Algorithm):
     def report(self) -> dict[str, Any]:
         return {"best": self.best, "stopped": self.stopped, "no_signal": self.no_signal,
                 "fallbacks": list(self.fallbacks), "left_out": self.watch.left_out,
-                "warnings": list(self.warnings), "settings": self.settings_text(),
+                "warnings": list(self.warnings), "settings": self.settings_text(), "warm_start": self.warm,
                 "validation": {str(v): {**_estimate_dict(e), "tasks": e.tasks, "samples": e.samples}
                                | ({"dimensions": {n: _estimate_dict(d) for n, d in self.val_dimensions[v].items()}}
                                   if self.val_dimensions.get(v) else {})

@@ -34,6 +34,7 @@ SELECT rollout_id, attempt_id, `index`, group_id, policy_version, resources_id, 
        producer_id, producer_seq, toUnixTimestamp64Nano(timestamp), run_id
 FROM triplets FINAL
 WHERE (rollout_id, attempt_id, `index`) > ({rollout_id:String}, {attempt_id:String}, {index:Int64})
+  AND ({run:String} = '' OR run_id = {run:String})
 ORDER BY rollout_id, attempt_id, `index` LIMIT {limit:UInt32}
 """
 MODES_SQL = """
@@ -163,12 +164,15 @@ def _tool_call(c: dict[str, Any]) -> dict[str, Any]:
 # -- reading and writing ------------------------------------------------------------------------------------
 
 
-def read_triplets(dsn: str) -> tuple[list[TripletEmitted], dict[str, str]]:
-    """Every triplet in ClickHouse (page after page), and each rollout's mode; through the chDB owner when a stack
-    runs, else on the directory itself."""
+def read_triplets(dsn: str, run_id: str | None = None, may_open: bool = True,
+                  wait_s: float | None = None) -> tuple[list[TripletEmitted], dict[str, str]]:
+    """Every triplet in ClickHouse (page after page; only ``run_id``'s when given), and each rollout's mode;
+    through the chDB owner when a stack runs, else on the directory itself (``may_open=False``: never, as
+    :func:`litstream.infra.clickhouse.reader`)."""
     triplets: list[TripletEmitted] = []
-    after: clickhouse.Parameters = {"rollout_id": "", "attempt_id": "", "index": -1, "limit": PAGE_ROWS}
-    with clickhouse.reader(dsn, timeout=600) as run:
+    after: clickhouse.Parameters = {"rollout_id": "", "attempt_id": "", "index": -1, "limit": PAGE_ROWS,
+                                    "run": run_id or ""}
+    with clickhouse.reader(dsn, timeout=600, may_open=may_open, wait_s=wait_s) as run:
         while True:
             rows = run(TRIPLETS_SQL, after).rows
             triplets += [_triplet(r) for r in rows]
@@ -196,6 +200,14 @@ def _triplet(r: Sequence[Any]) -> TripletEmitted:
         "resources_id": resources_id or None, "prompt_token_ids": prompt_ids, "response_token_ids": response_ids,
         "response_logprobs": logprobs, "prompt_text": prompt_text, "response_text": response_text, "reward": reward,
         "metadata_json": metadata_json})
+
+
+def read(path: Path) -> list[dict[str, Any]]:
+    """The records of a file :func:`write` wrote (or any JSONL or Parquet file of the same columns)."""
+    if path.suffix.lower() == ".parquet":
+        return list(pq.read_table(path).to_pylist())
+    with path.open() as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def write(records: list[dict[str, Any]], path: Path, fmt: str) -> None:

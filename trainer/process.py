@@ -43,7 +43,7 @@ from litstream.streams.consume_loop import ConsumeLoop, Fetch, Offsets, Record, 
 from litstream.streams.deadletter import DeadLetters, Rejected
 
 from . import toy_task
-from .checkpoint import checkpoint_extra, latest_checkpoint
+from .checkpoint import checkpoint_extra, latest_checkpoint, load_weights_into
 from .engines import VllmEngine
 from .learner import GrpoLearner, LearnerConfig, StepStats
 from .policy import PolicyKind, build_policy
@@ -73,6 +73,8 @@ class TrainerConfig:
     # Fall back to these weights (a checkpoint directory, e.g. the best validated version's) on start: the run
     # goes on from the newest checkpoint's version, positions and window, and publishes them as the next version.
     restore: Path | None = None
+    # A fresh run's version 0 is these weights (a checkpoint directory: a warm start, trainer/rft.py)
+    init_from: Path | None = None
     # One sample per multi-turn attempt, its turns joined (trainer/trajectories.py); False: one per LLM call
     trajectories: bool = True
 
@@ -125,10 +127,13 @@ class TrainerProcess(Work[TripletEmitted]):
             log.info("resumed policy v%d from %s at positions %s", self.learner.version, latest, self.positions)
         else:
             policy = build_policy(self.cfg.policy, seed=self.cfg.seed)
+            if self.cfg.init_from is not None:
+                load_weights_into(policy.model, self.cfg.init_from)
             self.learner = GrpoLearner(policy.model, policy.tokenizer, self.cfg.learner_config())
             self.windower = Windower(self.cfg.window(), self.learner.version)
             self.path = self._save()
-            log.info("initial policy v0 (%s) at %s", self.cfg.policy, self.path)
+            log.info("initial policy v0 (%s%s) at %s", self.cfg.policy,
+                     f", the weights of {self.cfg.init_from}" if self.cfg.init_from else "", self.path)
         if self.cfg.restore is not None:
             self._restore(self.cfg.restore)
         self.counters["version"] = self.learner.version
