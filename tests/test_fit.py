@@ -124,15 +124,18 @@ def test_fit_makes_n_times_group_size_training_rollouts_and_validates_each_versi
 def test_a_warm_start_fine_tunes_version_0_on_an_earlier_runs_best_trajectories(
         grpo_run: tuple[Settings, GRPO, FitSummary]) -> None:
     """A second run in the same data dir names the first: its version 0 is the tiny policy fine-tuned (TRL's
-    SFTTrainer) on the first run's training trajectories, before any rollout of its own."""
+    SFTTrainer) on the first run's training trajectories, before any rollout of its own; with no version to
+    train, the run validates that version and publishes it as its best."""
     from safetensors.torch import load_file
 
     settings, _, first = grpo_run
     assert first.run_id is not None
-    warm = GRPO(group_size=2, groups_per_step=1, max_versions=1, val_every=0, window_seconds=5.0, in_flight=4,
+    warm = GRPO(group_size=2, groups_per_step=1, max_versions=0, window_seconds=5.0, in_flight=4,
                 warm_start=first.run_id[:-2], rft=RftConfig(min_reward=0.0, epochs=1))
     summary = Trainer(algorithm=warm, n_runners=1, concurrency=4, settings=settings,
-                      quiet=True).fit("tests.fit_agents:two_dimension_agent", TASKS[:1])
+                      quiet=True).fit("tests.fit_agents:two_dimension_agent", TASKS, VAL_TASKS)
+    assert list(summary.val_reward_by_version) == [0] and summary.extra["best"]["version"] == 0
+    assert summary.rollouts == len(VAL_TASKS)  # no training rollout
     ws = summary.extra["warm_start"]
     assert ws["source"] == first.run_id and 0 < ws["trajectories"] <= len(TASKS) * 2 and ws["tasks"] == len(TASKS)
     assert ws["steps"] >= 1 and ws["first_loss"] is not None

@@ -305,6 +305,8 @@ class GRPO(Algorithm):
             self.watch_drift = d.pretrained
         if int(self.train_top_layers or 0) < 0:
             raise ValueError(f"train_top_layers must be 0 (every parameter) or more, not {self.train_top_layers}")
+        if self.max_versions is not None and self.max_versions < 0:
+            raise ValueError(f"max_versions must be 0 (version 0 only) or more, not {self.max_versions}")
         if self.lora_rank is not None and self.lora_rank < 1:
             raise ValueError(f"lora_rank must be at least 1, not {self.lora_rank}")
         verdict = check_lr(self.model, float(self.lr or 0.0), lora=bool(self.lora_rank))
@@ -342,7 +344,7 @@ class GRPO(Algorithm):
     def budget_text(self) -> str:
         bounds = [f"{self.passes} pass(es)" if self.passes else "",
                   f"{self.minutes:g} minutes" if self.minutes else "",
-                  f"{self.max_versions} versions" if self.max_versions else ""]
+                  f"{self.max_versions} versions" if self.max_versions is not None else ""]
         text = " or ".join(b for b in bounds if b) or "one pass"
         if self.first_run_budget:
             text += f" (the first-run budget of {self.model})"
@@ -376,7 +378,7 @@ class GRPO(Algorithm):
                 "--trajectories" if self.trajectories else "--per-call",
                 *(["--keep-every", str(self.val_every)] if self.val_every else []),
                 *(["--window-seconds", str(self.window_seconds)] if self.window_seconds else []),
-                *(["--max-steps", str(self.max_versions)] if self.max_versions else [])]
+                *(["--max-steps", str(self.max_versions)] if self.max_versions is not None else [])]
 
     def prepare(self, driver: Driver) -> None:
         for w in self.warnings:
@@ -420,6 +422,8 @@ class GRPO(Algorithm):
         if val:
             self._validate_now(driver, val, policy)
         queue = _TaskQueue(train, self.passes)
+        if self.max_versions == 0:  # version 0 only (a warm start, validated): nothing to train
+            queue.clear()
         size = int(self.group_size or 1)
         in_flight = self.in_flight or 2 * size * int(self.groups_per_step or 1)
         next_val = self.val_every
@@ -645,7 +649,7 @@ class GRPO(Algorithm):
 
     def _finish(self, driver: Driver, val: Sequence[Any] | None) -> None:
         """Let the trainer take its last window, then validate the version it ends on."""
-        if driver.stopping() or (self.max_versions is not None and not val):
+        if driver.stopping() or self.max_versions == 0 or (self.max_versions is not None and not val):
             return
         before = driver.latest_policy()
         deadline = time.monotonic() + (self.window_seconds or 0.0) + 10
