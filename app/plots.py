@@ -21,7 +21,9 @@ matplotlib.use("Agg")  # before pyplot: files only, never a window
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from .report import Report, Section, cell, version_key
+from litstream.schemas.policy_versions import resources_order
+
+from .report import Report, Section, cell
 
 
 def _t(bucket: str) -> dt.datetime:
@@ -94,7 +96,7 @@ def reward_over_time(s: Section) -> Figure | None:
     start = min(p[0] for pts in series.values() for p in pts)
     end = max(p[0] for pts in series.values() for p in pts)
     xlabel = ""
-    for rid in sorted(series, key=version_key):
+    for rid in sorted(series, key=resources_order):
         pts = series[rid]
         xs, xlabel = _elapsed([p[0] for p in pts], start, end)
         ax.plot(xs, [p[1] for p in pts], marker=".", label=_label(rid))

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from litstream.infra.clickhouse import QueryResult
-from litstream.schemas.policy_versions import parse_policy_version
+from litstream.schemas.policy_versions import resources_order
 
 Run = Callable[[str], QueryResult]
 TERMINAL = ("succeeded", "failed", "timeout", "unresponsive")
@@ -64,14 +64,6 @@ def bucket_for(span_s: float, target: int = 24) -> int:
         if span_s / b <= target:
             return b
     return _BUCKETS_S[-1]
-
-
-def version_key(resources_id: str) -> tuple[int, int, str]:
-    """Policy versions by number, then other resources ids by name, then spans without one."""
-    n = parse_policy_version(resources_id)
-    if n is not None:
-        return (0, n, "")
-    return (1, 0, resources_id) if resources_id else (2, 0, "")
 
 
 def iso(seconds: int) -> str:
@@ -154,11 +146,11 @@ def build(run: Run, limit: int = 30) -> Report:
     def q(sql: str) -> list[list[Any]]:
         return run(fill(sql, report.bucket_s, limit)).rows
 
-    by_version = sorted(q(SQL_REWARD_BY_VERSION), key=lambda r: version_key(str(r[0])))
+    by_version = sorted(q(SQL_REWARD_BY_VERSION), key=lambda r: resources_order(str(r[0])))
     report.add(Section("reward_by_version", "Reward by resources version",
                        ["resources_id", "rewards", "rollouts", "mean", "median", "min", "max"], by_version,
                        "reward spans (agentlightning.annotation) per resources id; policy-vN in version order"))
-    by_mode = sorted(q(SQL_REWARD_BY_VERSION_MODE), key=lambda r: (version_key(str(r[0])), str(r[1])))
+    by_mode = sorted(q(SQL_REWARD_BY_VERSION_MODE), key=lambda r: (resources_order(str(r[0])), str(r[1])))
     report.add(Section("reward_by_version_mode", "Training and validation reward by version",
                        ["resources_id", "mode", "rollouts", "mean"], by_mode,
                        "mode of each rollout (train / val) from its RolloutEnqueued event"))

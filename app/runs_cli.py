@@ -98,7 +98,7 @@ def show(run_id: str, as_json: bool) -> None:
     table = Table(title="Reward by version: mean ± standard error (rollouts)", title_justify="left")
     for column in ("version", "training", "validation"):
         table.add_column(column)
-    labels = sorted(set(r.training) | set(r.validation), key=rs.label_key)
+    labels = sorted(set(r.training) | set(r.validation), key=rs.label_order)
     for label in labels:
         table.add_row(label, r.training[label].text() if label in r.training else "",
                       r.validation[label].text() if label in r.validation else "")

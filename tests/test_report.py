@@ -25,6 +25,7 @@ from litstream.schemas.events import (
     RolloutEnqueued,
     SpanRecorded,
 )
+from litstream.schemas.policy_versions import resources_order
 from litstream.streams.event_rows import Positioned, event_arrow
 from litstream.streams.span_rows import span_arrow
 from tests.samples import span
@@ -154,7 +155,7 @@ def test_plots_are_png_and_one_self_contained_page(ch: ClickHouse, tmp_path: Pat
 
 def test_versions_sort_numerically() -> None:
     ids = ["policy-v10", "", "baseline", "policy-v2", "policy-v0"]
-    assert sorted(ids, key=report.version_key) == ["policy-v0", "policy-v2", "policy-v10", "baseline", ""]
+    assert sorted(ids, key=resources_order) == ["policy-v0", "policy-v2", "policy-v10", "baseline", ""]
 
 
 def _cli(settings: Settings, *args: str) -> str:

@@ -28,7 +28,7 @@ from typing import Any
 
 from litstream.infra import health
 from litstream.infra.clickhouse import QueryResult
-from litstream.schemas.policy_versions import parse_policy_version
+from litstream.schemas.policy_versions import label_order, version_label
 
 Run = Callable[[str], QueryResult]
 
@@ -93,7 +93,7 @@ class RunSummary:
         """The best validated version: the highest mean, the earliest of equal ones."""
         if not self.validation:
             return None
-        order = sorted(self.validation, key=label_key)
+        order = sorted(self.validation, key=label_order)
         label = max(order, key=lambda k: (self.validation[k].mean, -order.index(k)))
         return label, self.validation[label]
 
@@ -107,24 +107,13 @@ class RunSummary:
                 "best": None if best is None else {"version": best[0], "mean": round(best[1].mean, 4),
                                                    "se": round(best[1].se, 4), "rollouts": best[1].rollouts},
                 "validation": {k: _score_json(s) for k, s in sorted(self.validation.items(),
-                                                                    key=lambda kv: label_key(kv[0]))},
+                                                                    key=lambda kv: label_order(kv[0]))},
                 "training": {k: _score_json(s) for k, s in sorted(self.training.items(),
-                                                                  key=lambda kv: label_key(kv[0]))}}
+                                                                  key=lambda kv: label_order(kv[0]))}}
 
 
 def _score_json(s: Score) -> dict[str, Any]:
     return {"mean": round(s.mean, 4), "se": round(s.se, 4), "rollouts": s.rollouts}
-
-
-def version_label(resources_id: str) -> str:
-    n = parse_policy_version(resources_id)
-    return f"v{n}" if n is not None else (resources_id or "(none)")
-
-
-def label_key(label: str) -> tuple[int, int, str]:
-    """Policy versions by number, then other resources ids by name."""
-    n = parse_policy_version(f"policy-{label}") if label.startswith("v") else None
-    return (0, n, "") if n is not None else (1, 0, label)
 
 
 def iso(seconds: float) -> str:
@@ -204,6 +193,6 @@ def run_records(data_dir: Path) -> dict[str, dict[str, Any]]:
 
 def compare_rows(runs: list[RunSummary]) -> list[list[str]]:
     """Validation reward by version, one column per run; '' where a run has no validation of that version."""
-    labels = sorted({label for r in runs for label in r.validation}, key=label_key)
+    labels = sorted({label for r in runs for label in r.validation}, key=label_order)
     return [[label, *(r.validation[label].text() if label in r.validation else "" for r in runs)]
             for label in labels]

@@ -14,9 +14,9 @@ from typing import Any, NamedTuple
 
 from litstream.schemas.events import RolloutSnapshot
 from litstream.schemas.models import ROLLOUT_STATUSES, Span
-from litstream.schemas.policy_versions import parse_policy_version
+from litstream.schemas.policy_versions import label_order, resources_order
 from litstream.streams.replay import parse_until
-from litstream.workers.runs import RunSummary, label_key
+from litstream.workers.runs import RunSummary
 
 PAGE_SIZE = 25
 MODES = ("train", "val", "test")
@@ -408,14 +408,9 @@ def resource_lines(resources: Mapping[str, Any]) -> list[tuple[str, str, str]]:
 # -- training -----------------------------------------------------------------------------------------------
 
 
-def version_order(resources_id: str) -> tuple[int, str]:
-    v = parse_policy_version(resources_id)
-    return (v if v is not None else -1, resources_id)
-
-
 def reward_series(rows: list[list[Any]]) -> dict[str, Any]:
     """Rows of (resources id, mode, mean reward, count) -> chart data: one label per version, one line per mode."""
-    versions = sorted({str(r[0]) for r in rows}, key=version_order)
+    versions = sorted({str(r[0]) for r in rows}, key=resources_order)
     by_mode: dict[str, dict[str, float]] = {"train": {}, "val": {}}
     for resources_id, mode, mean, _n in rows:
         by_mode.setdefault(str(mode) or "train", {})[str(resources_id)] = float(mean)
@@ -426,7 +421,7 @@ def reward_series(rows: list[list[Any]]) -> dict[str, Any]:
 def run_series(runs: list[RunSummary]) -> dict[str, Any]:
     """Training runs -> chart data: one label per version, a validation and a training line per run (named by the
     run's name and the end of its id, which is unique)."""
-    labels = sorted({label for r in runs for label in (*r.validation, *r.training)}, key=label_key)
+    labels = sorted({label for r in runs for label in (*r.validation, *r.training)}, key=label_order)
     series: dict[str, list[float | None]] = {}
     for r in runs:
         name = f"{r.name} …{r.run_id[-6:]}" if r.name else r.run_id
