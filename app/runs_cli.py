@@ -101,7 +101,7 @@ def show(run_id: str, as_json: bool) -> None:
     labels = sorted(set(r.training) | set(r.validation), key=rs.label_order)
     for label in labels:
         table.add_row(label, r.training[label].text() if label in r.training else "",
-                      r.validation[label].text() if label in r.validation else "")
+                      r.validation[label].text_at() if label in r.validation else "")
     console.print(table)
 
 

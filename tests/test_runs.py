@@ -84,6 +84,7 @@ def test_the_runs_of_a_history_with_their_versions_rewards_and_status(history: P
     assert {k: (s.rollouts, s.mean) for k, s in first.training.items()} == {"v0": (2, 0.5)}
     assert first.validation["v0"].se == pytest.approx(0.5) and first.validation["v1"].se == 0.0
     assert first.best is not None and first.best[0] == "v1"
+    assert all(s.after_s is not None and s.after_s >= 0 for s in first.validation.values())  # when it was known
     assert second.best is not None and second.best[0] == "v0" and second.training == {}
 
 
@@ -109,7 +110,7 @@ def test_runs_show_and_compare_from_the_command_line(history: Path) -> None:
     assert compared.returncode == 0, compared.stderr
     rows = {line.split("│")[1].strip(): line for line in compared.stdout.splitlines() if line.startswith("│")}
     assert rows["v0"].count("0.500 ± 0.500 (2)") == 2  # both runs validated v0
-    assert rows["v1"].count("1.000 ± 0.000 (2)") == 1 and "v1 1.000" in rows["best"]
+    assert rows["v1"].count("1.000 ± 0.000 (2) at ") == 1 and "v1 1.000" in rows["best"]
 
     ambiguous = _cli(history, "show", "run-2026")
     assert ambiguous.returncode == 2 and "names 2 runs" in ambiguous.stderr

@@ -54,9 +54,11 @@ GROUP BY run_id"""
 SQL_RUN_REWARDS = f"""
 SELECT e.run AS run, r.last_resources AS resources, if(e.rollout_mode = '', 'unset', e.rollout_mode) AS run_mode,
        count() AS rollouts, avg(r.last_reward) AS mean,
-       if(count() > 1, stddevSamp(r.last_reward) / sqrt(count()), 0) AS se
+       if(count() > 1, stddevSamp(r.last_reward) / sqrt(count()), 0) AS se,
+       toUnixTimestamp64Milli(max(r.rewarded)) / 1000 AS last_rewarded
 FROM ({_ENQUEUED}) AS e
-JOIN (SELECT rollout_id, argMax(resources_id, Timestamp) AS last_resources, argMax(reward, Timestamp) AS last_reward
+JOIN (SELECT rollout_id, argMax(resources_id, Timestamp) AS last_resources, argMax(reward, Timestamp) AS last_reward,
+             max(Timestamp) AS rewarded
       FROM spans FINAL WHERE reward IS NOT NULL GROUP BY rollout_id) AS r ON e.rollout_id = r.rollout_id
 GROUP BY run, resources, run_mode"""
 
@@ -68,9 +70,14 @@ class Score:
     rollouts: int
     mean: float
     se: float
+    after_s: float | None = None  # when its last reward came, in seconds after the run's start
 
     def text(self) -> str:
         return f"{self.mean:.3f} ± {self.se:.3f} ({self.rollouts})"
+
+    def text_at(self) -> str:
+        """:meth:`text` and when it was known: a run that reaches a reward sooner shows it here."""
+        return self.text() + (f" at {self.after_s / 60:.0f} min" if self.after_s is not None else "")
 
 
 @dataclass
@@ -113,7 +120,8 @@ class RunSummary:
 
 
 def _score_json(s: Score) -> dict[str, Any]:
-    return {"mean": round(s.mean, 4), "se": round(s.se, 4), "rollouts": s.rollouts}
+    return {"mean": round(s.mean, 4), "se": round(s.se, 4), "rollouts": s.rollouts,
+            "after_s": None if s.after_s is None else round(s.after_s, 1)}
 
 
 def iso(seconds: float) -> str:
@@ -131,10 +139,11 @@ def list_runs(run: Run, records: dict[str, dict[str, Any]] | None = None) -> lis
     for run_id, last_version, samples in run(SQL_RUN_VERSIONS).rows:
         if run_id in runs:
             runs[run_id].last_version, runs[run_id].trained_samples = int(last_version), int(samples)
-    for run_id, resources_id, mode, n, mean, se in run(SQL_RUN_REWARDS).rows:
+    for run_id, resources_id, mode, n, mean, se, rewarded in run(SQL_RUN_REWARDS).rows:
         if run_id in runs and mode in ("val", "train"):
             scores = runs[run_id].validation if mode == "val" else runs[run_id].training
-            scores[version_label(resources_id)] = Score(int(n), float(mean), _finite(se))
+            scores[version_label(resources_id)] = Score(int(n), float(mean), _finite(se),
+                                                        max(0.0, float(rewarded) - runs[run_id].started))
     for run_id, record in (records or {}).items():
         if run_id in runs:
             runs[run_id].name = str(record.get("name", ""))
@@ -194,5 +203,5 @@ def run_records(data_dir: Path) -> dict[str, dict[str, Any]]:
 def compare_rows(runs: list[RunSummary]) -> list[list[str]]:
     """Validation reward by version, one column per run; '' where a run has no validation of that version."""
     labels = sorted({label for r in runs for label in r.validation}, key=label_order)
-    return [[label, *(r.validation[label].text() if label in r.validation else "" for r in runs)]
+    return [[label, *(r.validation[label].text_at() if label in r.validation else "" for r in runs)]
             for label in labels]
