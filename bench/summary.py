@@ -12,6 +12,7 @@ from rich.table import Table
 from .harness import AGL_REQUIREMENT, Report, Row
 
 AGL = AGL_REQUIREMENT.replace("==", " ")
+CODEC_MIN_RATIO = 1 / 1.3  # the codec's rate at least this share of bare fastavro's: its time within 1.3x
 
 
 @dataclass(frozen=True)
@@ -25,12 +26,13 @@ class Figure:
 
 
 FIGURES: tuple[Figure, ...] = (
-    Figure("codec encode SpanRecorded (events/s)", "codec encode SpanRecorded", None, min_rate=200_000),
-    Figure("codec decode SpanRecorded (events/s)", "codec decode SpanRecorded", None, min_rate=200_000),
-    Figure("codec encode RolloutEnqueued (events/s)", "codec encode RolloutEnqueued", None, min_rate=200_000),
-    Figure("codec decode RolloutEnqueued (events/s)", "codec decode RolloutEnqueued", None, min_rate=200_000),
-    Figure("codec encode, slowest record type (events/s)", "codec encode, slowest of", None, min_rate=200_000),
-    Figure("codec decode, slowest record type (events/s)", "codec decode, slowest of", None, min_rate=200_000),
+    # The codec against bare fastavro on the same records and schema (its "reference"): within 1.3x of its time
+    *(Figure(f"codec {verb} {what} (events/s; reference: bare fastavro)", f"codec {verb} {what}",
+             f"fastavro {verb} {what}", min_ratio=CODEC_MIN_RATIO)
+      for what in ("SpanRecorded", "RolloutEnqueued") for verb in ("encode", "decode")),
+    *(Figure(f"codec {verb}, the record type furthest from fastavro (events/s)",
+             f"codec {verb}, the type furthest from fastavro", f"fastavro {verb}, the type furthest from it",
+             min_ratio=CODEC_MIN_RATIO) for verb in ("encode", "decode")),
     Figure("replay (events/s; reference: the same operations through its API)", "litstream replay (",
            f"{AGL} InMemory: apply the same operations", min_rate=100_000),
     Figure("stock client's agent loop, 16 agents (rollouts/s)", "litstream agent loop (stock LightningStoreClient "
@@ -93,7 +95,7 @@ def _line(figure: Figure, reports: dict[str, Report]) -> Line:
         target = f">= {figure.min_rate:,.0f}/s"
         met = None if lit is None else lit >= figure.min_rate
     elif figure.min_ratio is not None:
-        target = f">= {figure.min_ratio:g}x reference"
+        target = f">= {figure.min_ratio:.2g}x reference"
         met = None if lit is None or not ref else lit / ref >= figure.min_ratio
     elif figure.max_ratio is not None:
         target = f"<= {figure.max_ratio:g}x reference"

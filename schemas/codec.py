@@ -151,6 +151,10 @@ class Codec:
         name: str = type(record).avro_name  # type: ignore[attr-defined]
         return self._write(name, record.to_wire_record())
 
+    def writer_schema(self, name: str) -> Any:
+        """The parsed schema this codec writes records of type ``name`` with."""
+        return self._writers[name][0]
+
     def _header(self, name: str) -> bytes:
         if self.registry is not None:
             schema_id = self.registry.register(name, to_parsing_canonical_form(self._writers[name][0]))
