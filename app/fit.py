@@ -619,6 +619,9 @@ class Trainer:
         for role in pipeline:
             stack.start_role(role)
         self.algorithm.prepare(driver)
+        warm = self.algorithm.report().get("warm_start")
+        if warm:  # the run's lineage: what its first version was fine-tuned on
+            _update_record(self._run_file, warm_start={k: warm[k] for k in ("source", "trajectories", "tasks")})
         for role in roles.PIPELINE:
             self._wait_ready(stack, role)
         if self.algorithm.trains_policy:

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from litstream.workers import runs as rs
@@ -92,6 +93,9 @@ def show(run_id: str, as_json: bool) -> None:
         return
     console.print(f"[bold]{r.name or 'run'}[/] {r.run_id}: {record['status']}; started {record['started']} UTC, "
                   f"{_duration(r.last_event - r.started)}; {r.rollouts} rollouts, {r.succeeded} succeeded")
+    if r.warm_start:
+        console.print(f"  warm start: v0 fine-tuned on {r.warm_start.get('trajectories')} trajectories of "
+                      f"{escape(str(r.warm_start.get('source')))}")
     if r.last_version is not None:
         console.print(f"  versions 1-{r.last_version} trained on {r.trained_samples} triplets; best validated "
                       f"{_best(r) or 'none'}")

@@ -139,6 +139,11 @@ def test_a_warm_start_fine_tunes_version_0_on_an_earlier_runs_best_trajectories(
     ws = summary.extra["warm_start"]
     assert ws["source"] == first.run_id and 0 < ws["trajectories"] <= len(TASKS) * 2 and ws["tasks"] == len(TASKS)
     assert ws["steps"] >= 1 and ws["first_loss"] is not None
+    dsn = Settings(data_dir=Path(summary.data_dir)).resolved_clickhouse_dsn
+    listed = {r.run_id: r for r in list_runs(lambda sql: clickhouse.query(dsn, sql),
+                                             run_records(Path(summary.data_dir)))}
+    assert listed[str(summary.run_id)].warm_start == {"source": first.run_id, "trajectories": ws["trajectories"],
+                                                      "tasks": len(TASKS)}  # the runs' lineage
     run_dir = Path(summary.data_dir)
     start = load_file(str(run_dir / "checkpoints" / str(summary.run_id) / "v0" / "model.safetensors"))
     tuned = load_file(str(Path(ws["checkpoint"]) / "model.safetensors"))

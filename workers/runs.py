@@ -88,6 +88,7 @@ class RunSummary:
     name: str = ""
     status: str = "no record"  # from its record: running, finished, stopped, failed, killed (no end recorded)
     topic_prefix: str = ""  # where its log is (an embedded run's own topics), from its record
+    warm_start: dict[str, Any] | None = None  # what its v0 was fine-tuned on (source run or file), from its record
     rollouts: int = 0
     succeeded: int = 0
     last_version: int | None = None
@@ -108,7 +109,7 @@ class RunSummary:
         best = self.best
         return {"run_id": self.run_id, "name": self.name, "started": iso(self.started),
                 "duration_s": round(self.last_event - self.started, 1), "status": self.status,
-                "topic_prefix": self.topic_prefix,
+                "topic_prefix": self.topic_prefix, "warm_start": self.warm_start,
                 "rollouts": self.rollouts, "succeeded": self.succeeded, "last_version": self.last_version,
                 "trained_samples": self.trained_samples,
                 "best": None if best is None else {"version": best[0], "mean": round(best[1].mean, 4),
@@ -149,6 +150,8 @@ def list_runs(run: Run, records: dict[str, dict[str, Any]] | None = None) -> lis
             runs[run_id].name = str(record.get("name", ""))
             runs[run_id].status = record_status(record)
             runs[run_id].topic_prefix = str(record.get("topic_prefix", ""))
+            warm = record.get("warm_start")
+            runs[run_id].warm_start = warm if isinstance(warm, dict) else None
     return sorted(runs.values(), key=lambda r: r.started)
 
 
