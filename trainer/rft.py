@@ -116,9 +116,11 @@ def fine_tune(model_name: str, rows: Sequence[dict[str, list[int]]], out: Path, 
     """Fine-tune ``model_name`` (tiny, smollm2 or a Hugging Face directory) on ``rows`` with TRL's SFTTrainer and
     save the result as a version-0 checkpoint in ``out`` (what ``litstream process trainer --init-from`` starts
     from). ``train_top``: only the top N transformer blocks train, as in GRPO (None: every parameter)."""
+    import datasets
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
     from trl import SFTConfig, SFTTrainer
 
     from .checkpoint import save_checkpoint
@@ -153,9 +155,16 @@ def fine_tune(model_name: str, rows: Sequence[dict[str, list[int]]], out: Path, 
                          completion_only_loss=True, gradient_checkpointing=False, bf16=cuda, use_cpu=not cuda,
                          logging_steps=1, save_strategy="no", report_to=[], seed=seed, disable_tqdm=True,
                          lr_scheduler_type="constant", dataloader_num_workers=0)
-        trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(list(rows)),
-                             processing_class=hf_tok, callbacks=[Progress()])
-        trainer.train()
+        bars = datasets.is_progress_bar_enabled()
+        datasets.disable_progress_bars()  # the run's own progress line says it (Progress above)
+        try:
+            trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(list(rows)),
+                                 processing_class=hf_tok, callbacks=[Progress()])
+            trainer.remove_callback(PrinterCallback)
+            trainer.train()
+        finally:
+            if bars:
+                datasets.enable_progress_bars()
     model = trainer.model.to("cpu").float()
     for p in model.parameters():
         p.requires_grad_(True)  # the GRPO trainer decides what trains from here
