@@ -62,6 +62,18 @@ def test_an_attempt_is_one_conversation_with_its_tool_call_and_its_tokens_joined
     assert [r["rollout_id"] for r in records if ExportFilter(min_version=4).keeps(r)] == []
 
 
+def test_a_call_forced_by_tool_choice_is_left_out_of_the_supervised_mask() -> None:
+    """Drawn under a grammar, the first turn's call was the agent's decision: 0 in the mask (a fine-tuning on it
+    teaches the model to call where nothing asks it to); the answer the model chose stays 1."""
+    first, second = sorted(tool_attempt("ro-forced"), key=lambda t: t.index)
+    forced = first.model_copy(update={"metadata": {**first.metadata, "constrained": True,
+                                                   "grammar": 'start: "call"'}})
+    (record,) = trajectory_records([forced, second], {}, run="train")
+    assert record["response_token_ids"] == [4, 5, 6, 7, 8, 9] and record["response_loss_mask"] == [0, 0, 0, 0, 1, 1]
+    (alone,) = trajectory_records([forced], {}, run="train")
+    assert alone["response_loss_mask"] == [0, 0]
+
+
 def test_a_trajectory_names_the_run_its_triplets_came_from() -> None:
     in_run = triplet("ro-run", 0, [1], [2], [ASK], [{"role": "assistant", "content": "7"}], 1.0)
     in_run = in_run.model_copy(update={"meta": in_run.meta.model_copy(update={"run_id": "run-20261129T050000Z-abcdef"})})

@@ -28,14 +28,15 @@ def test_the_best_training_trajectories_are_kept_distinct_newest_first_as_masked
         record("c", None, [5]),  # no reward
         {**record("d", 1.0, [5]), "prompt_token_ids": None, "response_token_ids": None},  # turns that do not join
         record("e", 1.0, list(range(10, 40))),  # too long for max_length
+        record("f", 1.0, [5, 6], mask=[0, 0]),  # only a forced call: nothing the model chose
     ]
     chosen = select_best(records, RftConfig(per_task=2, max_length=16))
     assert chosen.rows == [{"input_ids": [1, 2, 5, 6], "completion_mask": [0, 0, 1, 1]},
                            {"input_ids": [1, 2, 7, 8, 9], "completion_mask": [0, 0, 1, 0, 1]}]
-    assert (chosen.records, chosen.kept, chosen.tasks) == (9, 2, 1)
+    assert (chosen.records, chosen.kept, chosen.tasks) == (10, 2, 1)
     assert chosen.left_out == {"not training rollouts": 1, "below the reward": 2, "turns that do not join": 1,
-                               "duplicates or past per_task": 2, "too long": 1}
-    assert chosen.text().startswith("2 of 9 trajectories over 1 tasks (left out: ")
+                               "duplicates or past per_task": 2, "too long": 1, "no token the model chose": 1}
+    assert chosen.text().startswith("2 of 10 trajectories over 1 tasks (left out: ")
 
 
 def test_a_lower_bar_and_an_exported_file_select_the_same_way(tmp_path: Path) -> None:

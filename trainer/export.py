@@ -110,16 +110,20 @@ def _record(turns: Sequence[TripletEmitted], mode: str | None, run: str) -> dict
 
 
 def _tokens(turns: Sequence[TripletEmitted]) -> tuple[list[int] | None, list[int] | None, list[int] | None]:
-    """The attempt as one sequence, as the trainer joins it: (prompt, response, loss mask: 1 where the model
-    sampled the token); all None when its turns do not join (a prompt that does not extend the previous turn)."""
-    if len(turns) == 1:
-        t = turns[0]
-        return list(t.prompt_token_ids), list(t.response_token_ids), [1] * len(t.response_token_ids)
-    joined = join_turns([to_sample(t, turn=True) for t in turns])
+    """The attempt as one sequence, as the trainer joins it: (prompt, response, loss mask: 1 where the model chose
+    the token); all None when its turns do not join (a prompt that does not extend the previous turn).
+
+    A turn drawn under a grammar (a tool call forced by ``tool_choice``) is 0 too: the agent decided to call, not
+    the model. GRPO scores such a turn under its grammar; a plain cross-entropy on it (supervised fine-tuning)
+    would teach the model to call tools where nothing asks it to (measured: a warm start trained on forced calls
+    called the tool again instead of answering)."""
+    joined = join_turns([to_sample(t, turn=True) for t in turns]) if len(turns) > 1 else to_sample(turns[0], turn=True)
     if isinstance(joined, str):
         return None, None, None
-    mask = joined.loss_mask if joined.loss_mask is not None else (1,) * len(joined.response_token_ids)
-    return list(joined.prompt_token_ids), list(joined.response_token_ids), list(mask)
+    mask = list(joined.loss_mask) if joined.loss_mask is not None else [1] * len(joined.response_token_ids)
+    for g in joined.grammars:
+        mask[g.start:g.end] = [0] * (g.end - g.start)
+    return list(joined.prompt_token_ids), list(joined.response_token_ids), mask
 
 
 def _messages(t: TripletEmitted, key: str) -> list[dict[str, Any]]:

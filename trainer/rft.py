@@ -61,7 +61,7 @@ def select_best(records: Iterable[dict[str, Any]], cfg: RftConfig = RftConfig())
     ones per task (newest versions first), as TRL rows: prompt and response ids joined, the completion mask 0 on
     the prompt and on what the model did not sample."""
     left: dict[str, int] = {"not training rollouts": 0, "below the reward": 0, "turns that do not join": 0,
-                            "duplicates or past per_task": 0, "too long": 0}
+                            "duplicates or past per_task": 0, "too long": 0, "no token the model chose": 0}
     good: list[dict[str, Any]] = []
     total = 0
     for r in records:
@@ -75,6 +75,8 @@ def select_best(records: Iterable[dict[str, Any]], cfg: RftConfig = RftConfig())
             left["turns that do not join"] += 1
         elif len(r["prompt_token_ids"]) + len(r["response_token_ids"]) > cfg.max_length:
             left["too long"] += 1
+        elif r.get("response_loss_mask") is not None and not any(r["response_loss_mask"]):
+            left["no token the model chose"] += 1  # e.g. only a call forced by tool_choice (trainer/export.py)
         else:
             good.append(r)
     good.sort(key=lambda r: -(r.get("policy_version") or 0))
