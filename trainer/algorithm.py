@@ -401,7 +401,10 @@ class GRPO(Algorithm):
         if source.is_file():
             name, records = str(source), export.read(source)
         else:
-            name, records = driver.trajectories(str(self.warm_start))
+            try:
+                name, records = driver.trajectories(str(self.warm_start))
+            except LookupError as exc:
+                raise LookupError(f"warm start: {exc}; nor is {self.warm_start!r} a dataset file") from None
         chosen = select_best(records, self.rft)
         _notice(driver, f"warm start from {name}: {chosen.text()}")
         if not chosen.rows:
