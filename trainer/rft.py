@@ -118,13 +118,6 @@ def fine_tune(model_name: str, rows: Sequence[dict[str, list[int]]], out: Path, 
     """Fine-tune ``model_name`` (tiny, smollm2 or a Hugging Face directory) on ``rows`` with TRL's SFTTrainer and
     save the result as a version-0 checkpoint in ``out`` (what ``litstream process trainer --init-from`` starts
     from). ``train_top``: only the top N transformer blocks train, as in GRPO (None: every parameter)."""
-    import datasets
-    import torch
-    from datasets import Dataset
-    from transformers import TrainerCallback
-    from transformers.trainer_callback import PrinterCallback
-    from trl import SFTConfig, SFTTrainer
-
     from .checkpoint import save_checkpoint
     from .learner import train_top_layers
     from .policy import build_policy
@@ -138,8 +131,35 @@ def fine_tune(model_name: str, rows: Sequence[dict[str, list[int]]], out: Path, 
     hf_tok = tokenizer.tok if hasattr(tokenizer, "tok") else tokenizer.to_hf()  # type: ignore[attr-defined]
     if hf_tok.pad_token_id is None:
         hf_tok.pad_token = hf_tok.eos_token
-    steps = math.ceil(len(rows) / cfg.batch_size) * cfg.epochs
-    losses: list[float] = []
+    started = time.monotonic()
+    model, losses = _sft(model, hf_tok, rows, cfg, seed, progress)
+    for p in model.parameters():
+        p.requires_grad_(True)  # the GRPO trainer decides what trains from here
+    model.eval()
+    path = save_checkpoint(out, model, tokenizer, version=0, extra={"warm_start": {"rows": len(rows)}},
+                           keep_last=None)
+    seconds = time.monotonic() - started
+    first, last = (losses[0], losses[-1]) if losses else (None, None)
+    log.info("warm start: %d rows, %d steps in %.0f s, loss %s -> %s", len(rows), len(losses), seconds, first, last)
+    return FineTuned(checkpoint=path, steps=_steps(len(rows), cfg), seconds=seconds, first_loss=first,
+                     last_loss=last)
+
+
+def _steps(rows: int, cfg: RftConfig) -> int:
+    return math.ceil(rows / cfg.batch_size) * cfg.epochs
+
+
+def _sft(model: Any, hf_tok: Any, rows: Sequence[dict[str, list[int]]], cfg: RftConfig, seed: int,
+         progress: Callable[[str], None] | None) -> tuple[Any, list[float]]:
+    """TRL's SFTTrainer over the rows (in fp32 on the CPU, bf16 on CUDA); the model on the CPU again and each
+    step's loss."""
+    import datasets
+    import torch
+    from transformers import TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
+    from trl import SFTConfig, SFTTrainer
+
+    steps, losses = _steps(len(rows), cfg), []
 
     class Progress(TrainerCallback):  # type: ignore[misc]
         def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None,
@@ -150,31 +170,20 @@ def fine_tune(model_name: str, rows: Sequence[dict[str, list[int]]], out: Path, 
                     progress(f"warm start: step {state.global_step}/{steps}, loss {logs['loss']:.3f}")
 
     cuda = torch.cuda.is_available()
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="litstream-rft-") as scratch:
-        args = SFTConfig(output_dir=scratch, num_train_epochs=cfg.epochs, learning_rate=cfg.lr,
-                         per_device_train_batch_size=cfg.batch_size, max_length=cfg.max_length,
-                         completion_only_loss=True, gradient_checkpointing=False, bf16=cuda, use_cpu=not cuda,
-                         logging_steps=1, save_strategy="no", report_to=[], seed=seed, disable_tqdm=True,
-                         lr_scheduler_type="constant", dataloader_num_workers=0)
-        bars = datasets.is_progress_bar_enabled()
-        datasets.disable_progress_bars()  # the run's own progress line says it (Progress above)
-        try:
-            trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(list(rows)),
+    bars = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()  # the run's own progress line says it (Progress above)
+    try:
+        with tempfile.TemporaryDirectory(prefix="litstream-rft-") as scratch:
+            args = SFTConfig(output_dir=scratch, num_train_epochs=cfg.epochs, learning_rate=cfg.lr,
+                             per_device_train_batch_size=cfg.batch_size, max_length=cfg.max_length,
+                             completion_only_loss=True, gradient_checkpointing=False, bf16=cuda, use_cpu=not cuda,
+                             logging_steps=1, save_strategy="no", report_to=[], seed=seed, disable_tqdm=True,
+                             lr_scheduler_type="constant", dataloader_num_workers=0)
+            trainer = SFTTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(list(rows)),
                                  processing_class=hf_tok, callbacks=[Progress()])
             trainer.remove_callback(PrinterCallback)
             trainer.train()
-        finally:
-            if bars:
-                datasets.enable_progress_bars()
-    model = trainer.model.to("cpu").float()
-    for p in model.parameters():
-        p.requires_grad_(True)  # the GRPO trainer decides what trains from here
-    model.eval()
-    path = save_checkpoint(out, model, tokenizer, version=0, extra={"warm_start": {"rows": len(rows)}},
-                           keep_last=None)
-    seconds = time.monotonic() - started
-    log.info("warm start: %d rows, %d steps in %.0f s, loss %s -> %s", len(rows), steps, seconds,
-             losses[0] if losses else None, losses[-1] if losses else None)
-    return FineTuned(checkpoint=path, steps=steps, seconds=seconds, first_loss=losses[0] if losses else None,
-                     last_loss=losses[-1] if losses else None)
+    finally:
+        if bars:
+            datasets.enable_progress_bars()
+    return trainer.model.to("cpu").float(), losses
