@@ -10,9 +10,18 @@
 
   function lineChart(canvas, labels, series, opts) {
     const bar = opts && opts.type === "bar";
+    // opts.byRun: "<run> validation" and "<run> train" share the run's colour, the training line dashed
+    const runs = [];
+    const colour = (name, i) => {
+      if (!(opts && opts.byRun)) return palette[i % palette.length];
+      const run = name.replace(/ (validation|train)$/, "");
+      if (runs.indexOf(run) < 0) runs.push(run);
+      return palette[runs.indexOf(run) % palette.length];
+    };
     const datasets = Object.entries(series).map(([name, values], i) => ({
-      label: name, data: values, borderColor: palette[i % palette.length],
-      backgroundColor: palette[i % palette.length] + (bar ? "cc" : "33"), spanGaps: true, tension: 0.2,
+      label: name, data: values, borderColor: colour(name, i),
+      backgroundColor: colour(name, i) + (bar ? "cc" : "33"), spanGaps: true, tension: 0.2,
+      borderDash: opts && opts.byRun && / train$/.test(name) ? [6, 4] : [],
       pointRadius: 3, yAxisID: opts && opts.twoAxes && i > 0 ? "y1" : "y",
     }));
     if (canvas._chart) {
@@ -111,7 +120,7 @@
     emptyNote("chart-step-reward", s.labels.length === 0, "No training step yet: the trainer steps once a window of groups is full.");
     lineChart(document.getElementById("chart-reward"), body.rewards.labels, body.rewards.series, { legend: true });
     emptyNote("chart-runs", body.runs.labels.length === 0, "No training run in this history yet (litstream train, Trainer.fit).");
-    lineChart(document.getElementById("chart-runs"), body.runs.labels, body.runs.series, { legend: true });
+    lineChart(document.getElementById("chart-runs"), body.runs.labels, body.runs.series, { legend: true, byRun: true });
     lineChart(document.getElementById("chart-step-reward"), s.labels, { "mean reward": s.reward });
     lineChart(document.getElementById("chart-step-time"), s.labels, { "step time (s)": s.step_s }, { zero: true });
     lineChart(document.getElementById("chart-tps"), s.labels, { "tokens/s": s.tokens_per_s }, { zero: true });
