@@ -968,13 +968,11 @@ def _run_named(settings: Settings, text: str) -> str:
 
     try:
         with _ch_reader(settings) as query:
-            found = runs.list_runs(query, runs.run_records(settings.data_dir))
-    except Exception as exc:  # noqa: BLE001 (no stack, no data, a lock: said plainly)
-        _fail(str(exc).strip().splitlines()[0])
-    try:
-        return runs.find(found, text).run_id
+            return runs.run_named(query, settings.data_dir, text).run_id
     except LookupError as exc:
         _fail(str(exc), 2)
+    except Exception as exc:  # noqa: BLE001 (no stack, no data, a lock: said plainly)
+        _fail(str(exc).strip().splitlines()[0])
 
 
 def _version_range(text: str | None) -> tuple[int | None, int | None]:

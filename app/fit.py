@@ -302,7 +302,7 @@ class StackDriver:
 
         dsn = self.settings.resolved_clickhouse_dsn
         with clickhouse.reader(dsn, may_open=False, wait_s=120.0) as query:  # the stack's span sink owns chDB
-            run_id = runs.find(runs.list_runs(query, runs.run_records(self.settings.data_dir)), run).run_id
+            run_id = runs.run_named(query, self.settings.data_dir, run).run_id
         triplets, modes = export.read_triplets(dsn, run_id=run_id, may_open=False, wait_s=120.0)
         return run_id, export.trajectory_records(triplets, modes, run=run_id)
 

@@ -2,8 +2,8 @@
 log, with no new rollouts; a warm start for GRPO (``litstream train --warm-start RUN``).
 
 The trajectories are ``litstream export``'s records (trainer/export.py): token ids as the policy served them and
-the loss mask of the tokens the model sampled, so the fine-tuning sees exactly what the model produced (tool calls,
-template glue and tool results as they were) and learns only the sampled tokens. Selecting them is pure
+the loss mask of the tokens the model chose, so the fine-tuning sees exactly what the model produced and learns
+only those tokens: not the tool results, the template glue between turns, or a call ``tool_choice`` forced. Selecting them is pure
 (:func:`select_best`); the fine-tuning is TRL's ``SFTTrainer`` on its pre-tokenized prompt-completion format
 (``input_ids`` and ``completion_mask``), on the model's own trainable blocks.
 """
@@ -59,7 +59,7 @@ class Selection:
 def select_best(records: Iterable[dict[str, Any]], cfg: RftConfig = RftConfig()) -> Selection:
     """The training trajectories with a reward of at least ``cfg.min_reward``, at most ``cfg.per_task`` distinct
     ones per task (newest versions first), as TRL rows: prompt and response ids joined, the completion mask 0 on
-    the prompt and on what the model did not sample."""
+    the prompt and on what the model did not choose."""
     left: dict[str, int] = {"not training rollouts": 0, "below the reward": 0, "turns that do not join": 0,
                             "duplicates or past per_task": 0, "too long": 0, "no token the model chose": 0}
     good: list[dict[str, Any]] = []

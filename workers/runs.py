@@ -183,6 +183,11 @@ def find(runs: Iterable[RunSummary], wanted: str) -> RunSummary:
     raise LookupError(f"{wanted!r} names {len(found)} runs: {', '.join(r.run_id for r in found)}")
 
 
+def run_named(run: Run, data_dir: Path, wanted: str) -> RunSummary:
+    """The run of ``data_dir``'s history that ``wanted`` names (:func:`find`), read through ``run``."""
+    return find(list_runs(run, run_records(data_dir)), wanted)
+
+
 RUN_FILE = "run.json"
 RUNS_DIR = "runs"  # <data dir>/runs/<run id>.json: the records of runs that joined a stack
 
