@@ -14,13 +14,13 @@ import time
 import uuid
 from collections.abc import Callable
 from types import UnionType
-from typing import Any, ClassVar, Literal, Self, Union, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, Self, TypeVar, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
 from .models import AttemptStatus, RolloutConfig, RolloutMode, RolloutStatus, StatusCode
-from .trusted import assemble, trusted
 
+M = TypeVar("M", bound=BaseModel)
 AttrValue = bool | int | float | str | list[bool | int | float | str | None] | None
 
 
@@ -29,31 +29,39 @@ AttrValue = bool | int | float | str | list[bool | int | float | str | None] | N
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
+# Values that came from a validated model or from the log: validated again by pydantic-core (types, bounds), but
+# their JSON fields are not encoded again to check that they are JSON (they were, or were parsed from JSON).
+VALID_JSON: dict[str, bool] = {"valid_json": True}
+
+
+def _json_serialisable(value: Any, info: ValidationInfo) -> Any:
+    if info.context is not VALID_JSON:
+        try:
+            _dumps(value)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"field {info.field_name!r} must be JSON-serialisable: {exc}") from None
+    return value
+
+
+_JSON_CHECK = AfterValidator(_json_serialisable)
+# A field of free-form JSON: on the wire the string field ``<name>_json``.
+JsonAny = Annotated[Any, _JSON_CHECK]
+JsonObject = Annotated[dict[str, Any], _JSON_CHECK]
+OptionalJsonObject = Annotated[dict[str, Any] | None, _JSON_CHECK]
+
+
 class AvroModel(BaseModel):
-    """A pydantic model that is one Avro record."""
+    """A pydantic model that is one Avro record. Its JSON fields (:data:`JsonAny`, :data:`JsonObject`) are found
+    from their annotations: ``json_fields``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     json_fields: ClassVar[frozenset[str]] = frozenset()
 
-    @model_validator(mode="before")
     @classmethod
-    def _decode_json_fields(cls, data: Any) -> Any:
-        if isinstance(data, dict) and cls.json_fields:
-            data = dict(data)
-            for name in cls.json_fields:
-                raw = data.pop(f"{name}_json", None)
-                if raw is not None and name not in data:
-                    data[name] = json.loads(raw)
-        return data
-
-    @model_validator(mode="after")
-    def _json_fields_serialisable(self) -> AvroModel:
-        for name in self.json_fields:
-            try:
-                _dumps(getattr(self, name))
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"field {name!r} must be JSON-serialisable: {exc}") from None
-        return self
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        cls.json_fields = frozenset(name for name, f in cls.model_fields.items()
+                                    if any(m is _JSON_CHECK for m in f.metadata))
 
     def to_record(self) -> dict[str, Any]:
         """The Avro record: the model's fields, nested models as their records, each JSON field as its string.
@@ -69,19 +77,23 @@ class AvroModel(BaseModel):
         return _plan_of(type(self)).record(self, tag=True)
 
     @classmethod
-    def trusted(cls, **fields: Any) -> Self:
-        """The model of values that are valid already, every field given, without validating them again
-        (:func:`schemas.trusted.trusted`)."""
-        return trusted(cls, fields)
+    def rebuilt(cls, **fields: Any) -> Self:
+        """The model of values taken from validated models (:func:`rebuilt`)."""
+        return rebuilt(cls, fields)
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Self:
-        """The model of a record the codec decoded, without validating it again.
+        """The model of a record the codec decoded: its JSON fields parsed, then validated by pydantic-core (no
+        JSON field is encoded again to check it: it was just parsed). Raises ValueError when a JSON field is not
+        JSON, pydantic's ValidationError when a value does not fit the model."""
+        return cls.model_validate(_plan_of(cls).parsed(record), context=VALID_JSON)
 
-        Records on the log were validated where they were made (every producer builds the model); decoding them
-        is on every consumer's hot path. Raises ValueError when a JSON field is not JSON.
-        """
-        return _plan_of(cls).load(record)  # type: ignore[return-value]
+
+def rebuilt(cls: type[M], fields: dict[str, Any]) -> M:
+    """``cls(**fields)`` for values taken from validated models (a snapshot from the fold's state, the reference's
+    ``Rollout`` from a snapshot): validated by pydantic-core, which costs less than building the model in Python,
+    without encoding the JSON fields again."""
+    return cls.model_validate(fields, context=VALID_JSON)
 
 
 # --- fast paths between models and Avro records ---------------------------------------------------------------
@@ -121,8 +133,8 @@ class _Nested:
             return [convert(v) for v in value]
         return {k: convert(v) for k, v in value.items()}
 
-    def load(self, value: Any) -> Any:
-        return self._each(value, self.plan.load)
+    def parsed(self, value: Any) -> Any:
+        return self._each(value, self.plan.parsed)
 
     def record(self, value: Any, tag: bool) -> Any:
         """The field's model(s) -> Avro record(s)."""
@@ -170,6 +182,14 @@ class _Plan:
         self.json_defaults = {name: cls.model_fields[name].get_default(call_default_factory=True)
                               for name in self.json_fields}
         self.attr_fields: tuple[str, ...] = tuple(getattr(cls, "attr_fields", ()))
+        self._parses: bool | None = None
+
+    @property
+    def parses(self) -> bool:
+        """Whether a record of this class holds a JSON field, at any depth (on first use, as nested plans)."""
+        if self._parses is None:
+            self._parses = bool(self.json_fields) or any(n.plan.parses for _, n in self.nested_items)
+        return self._parses
 
     def record(self, model: BaseModel, tag: bool) -> dict[str, Any]:
         """Model -> Avro record, from the model's fields (a shallow copy; the model is not changed)."""
@@ -195,27 +215,18 @@ class _Plan:
                 data[name] = nested.tagged(data[name])
         return data
 
-    def _parse_json(self, record: dict[str, Any]) -> dict[str, Any]:
-        """The record with each JSON field parsed, in the model's field order (a model dumps in its dict's)."""
-        out: dict[str, Any] = {}
-        for name in self.names:
-            if name in self.json_defaults:
-                raw = record.get(f"{name}_json")
-                out[name] = json.loads(raw) if raw is not None else self.json_defaults[name]
-            elif name in record:
-                out[name] = record[name]
-        return out
-
-    def load(self, record: dict[str, Any]) -> BaseModel:
-        """Avro record -> model, trusted (in place on the record)."""
-        if self.json_fields:
-            record = self._parse_json(record)
+    def parsed(self, record: dict[str, Any]) -> dict[str, Any]:
+        """An Avro record as the model's fields: each JSON field parsed (a JSON field written as null by another
+        version of the schema takes the model's default), nested records likewise (in place on the record)."""
+        if not self.parses:
+            return record
+        for name, default in self.json_defaults.items():
+            raw = record.pop(f"{name}_json", None)
+            record[name] = json.loads(raw) if raw is not None else default
         for name, nested in self.nested_items:
-            record[name] = nested.load(record[name])
-        if record.keys() != self.name_set:
-            return self.cls.model_validate(record)  # another shape than this code's (evolution): the slow path
-        return assemble(self.cls, record, set(self.name_set))
-
+            if name in record:
+                record[name] = nested.parsed(record[name])
+        return record
 
 
 _PLANS: dict[type[BaseModel], _Plan] = {}
@@ -266,13 +277,12 @@ class AvroRolloutConfig(RolloutConfig):
 
 class RolloutEnqueued(Event):
     avro_name = "litstream.RolloutEnqueued"
-    json_fields = frozenset({"input", "metadata"})
-    input: Any
+    input: JsonAny
     start_time: float
     mode: RolloutMode | None = None
     resources_id: str | None = None
     config: AvroRolloutConfig = Field(default_factory=AvroRolloutConfig)
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: JsonObject = Field(default_factory=dict)
     start_attempt_id: str | None = None  # start_rollout: begin at once with this attempt, no offer
     worker_id: str | None = None
 
@@ -329,15 +339,14 @@ class RolloutUpdated(Event):
     """update_rollout: the fields in ``set_fields`` change, the others stay (UNSET is not null)."""
 
     avro_name = "litstream.RolloutUpdated"
-    json_fields = frozenset({"input", "metadata"})
     time: float
     set_fields: list[str]
     status: RolloutStatus | None = None
-    input: Any = None
+    input: JsonAny = None
     mode: RolloutMode | None = None
     resources_id: str | None = None
     config: AvroRolloutConfig | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: OptionalJsonObject = None
 
     @model_validator(mode="after")
     def _known_fields(self) -> RolloutUpdated:
@@ -351,14 +360,13 @@ class AttemptUpdated(Event):
     """update_attempt: the fields in ``set_fields`` change."""
 
     avro_name = "litstream.AttemptUpdated"
-    json_fields = frozenset({"metadata"})
     attempt_id: str = Field(min_length=1)
     time: float
     set_fields: list[str]
     status: AttemptStatus | None = None
     worker_id: str | None = None
     last_heartbeat_time: float | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: OptionalJsonObject = None
 
     @model_validator(mode="after")
     def _known_fields(self) -> AttemptUpdated:
@@ -440,12 +448,11 @@ class SpanRecorded(Event):
 
 
 class NamedResourceRecord(AvroModel):
-    json_fields = frozenset({"sampling_parameters"})
     resource_type: Literal["llm", "proxy_llm", "prompt_template"]
     endpoint: str | None = None
     model: str | None = None
     api_key: str | None = None
-    sampling_parameters: dict[str, Any] = Field(default_factory=dict)
+    sampling_parameters: JsonObject = Field(default_factory=dict)
     template: str | None = None
     engine: str | None = None
     version: int | None = None
@@ -479,7 +486,6 @@ class ResourcesPublished(KeyedByResources):
 
 class TripletEmitted(Event):
     avro_name = "litstream.TripletEmitted"
-    json_fields = frozenset({"metadata"})
     attempt_id: str
     group_id: str = Field(min_length=1)
     index: int = Field(ge=0)
@@ -491,7 +497,7 @@ class TripletEmitted(Event):
     prompt_text: str = ""
     response_text: str = ""
     reward: float | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: JsonObject = Field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -526,17 +532,15 @@ class VersionTrained(KeyedByResources):
 
 class RolloutOffered(Event):
     avro_name = "litstream.RolloutOffered"
-    json_fields = frozenset({"input", "metadata"})
     attempt_sequence: int = Field(ge=1)
-    input: Any
+    input: JsonAny
     mode: RolloutMode | None = None
     resources_id: str | None = None
     config: AvroRolloutConfig = Field(default_factory=AvroRolloutConfig)
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: JsonObject = Field(default_factory=dict)
 
 
 class AttemptSnapshot(AvroModel):
-    json_fields = frozenset({"metadata"})
     attempt_id: str
     sequence_id: int
     start_time: float
@@ -545,22 +549,21 @@ class AttemptSnapshot(AvroModel):
     worker_id: str | None = None
     last_heartbeat_time: float | None = None
     error: str | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: JsonObject = Field(default_factory=dict)
 
 
 class RolloutSnapshot(AvroModel):
     avro_name: ClassVar[str] = "litstream.RolloutSnapshot"
-    json_fields = frozenset({"input", "metadata"})
     rollout_id: str
     version: int
-    input: Any
+    input: JsonAny
     start_time: float
     end_time: float | None = None
     mode: RolloutMode | None = None
     resources_id: str | None = None
     status: RolloutStatus
     config: AvroRolloutConfig = Field(default_factory=AvroRolloutConfig)
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: JsonObject = Field(default_factory=dict)
     attempts: list[AttemptSnapshot] = Field(default_factory=list)
     updated_ns: int
     last_event_id: str | None = None
@@ -580,7 +583,6 @@ class WorkerObserved(AvroModel):
     """On ``workers``, keyed by worker id: a worker seen through its attempts and dequeues, or its own heartbeat."""
 
     avro_name: ClassVar[str] = "litstream.WorkerObserved"
-    json_fields = frozenset({"heartbeat_stats"})
     event_id: str
     worker_id: str = Field(min_length=1)
     producer_id: str
@@ -591,7 +593,7 @@ class WorkerObserved(AvroModel):
     status: Literal["idle", "busy", "unknown"] | None = None
     rollout_id: str | None = None
     attempt_id: str | None = None
-    heartbeat_stats: dict[str, Any] | None = None
+    heartbeat_stats: OptionalJsonObject = None
 
     @property
     def key(self) -> str:

@@ -38,7 +38,6 @@ from litstream.schemas.events import (
     SequenceRequested,
 )
 from litstream.schemas.models import FINISHED, QUEUING, RUNNING
-from litstream.schemas.trusted import assemble
 
 from .state import AttemptState, RolloutState
 
@@ -95,14 +94,8 @@ def _accept(state: RolloutState, event: Event, offer: Offer | None = None, reser
 
 
 def _evolve(model: M, changes: dict[str, Any]) -> M:
-    """``model.model_copy(update=changes)`` without pydantic's generic copy (a third of the fold's time): a
-    shallow copy of the fields with the changes, as model_copy makes it, for the fold's own frozen models."""
-    fields = model.__dict__.copy()
-    fields.update(changes)
-    fields_set = model.__pydantic_fields_set__
-    if not changes.keys() <= fields_set:
-        fields_set = fields_set | changes.keys()  # else shared: a frozen model never changes its set
-    return assemble(model.__class__, fields, fields_set)
+    """The fold's frozen state with ``changes``: a shallow copy, as each applied event replaces it."""
+    return model.model_copy(update=changes)
 
 
 def _replace_attempt(state: RolloutState, attempt: AttemptState) -> tuple[AttemptState, ...]:

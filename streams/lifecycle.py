@@ -284,7 +284,7 @@ class LifecycleProcessor:
     def _offer(self, state: RolloutState, attempt_sequence: int) -> RolloutOffered:
         """The offer of ``state``'s next attempt, from values the fold already holds as valid (validating them
         again, the task input's JSON check included, was a tenth of an enqueue's handling)."""
-        return RolloutOffered.trusted(meta=self.factory.meta(state.rollout_id), attempt_sequence=attempt_sequence,
+        return RolloutOffered.rebuilt(meta=self.factory.meta(state.rollout_id), attempt_sequence=attempt_sequence,
                                       input=state.input, mode=state.mode, resources_id=state.resources_id,
                                       config=state.config, metadata=state.metadata)
 

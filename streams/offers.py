@@ -173,7 +173,7 @@ class OfferReader:
         """An update written here put its rollout back on offer for attempt ``attempt_sequence`` (told by the
         replica as it folds it, before the writer's answer): a dequeue after it finds the rollout here, as the
         reference's queue has it, without waiting for the processor's offer (any thread)."""
-        self._enqueued_here.append((RolloutOffered.trusted(
+        self._enqueued_here.append((RolloutOffered.rebuilt(
             meta=event.meta, attempt_sequence=attempt_sequence, input=state.input, mode=state.mode,
             resources_id=state.resources_id, config=state.config, metadata=state.metadata), partition))
 
@@ -399,7 +399,7 @@ class OfferReader:
             told, partition = self._enqueued_here.popleft()
             if partition not in assigned:
                 continue  # that partition's consumer hands it out, from the processor's offer
-            offer = told if isinstance(told, RolloutOffered) else RolloutOffered.trusted(
+            offer = told if isinstance(told, RolloutOffered) else RolloutOffered.rebuilt(
                 meta=told.meta, attempt_sequence=1, input=told.input, mode=told.mode, resources_id=told.resources_id,
                 config=told.config, metadata=told.metadata)
             self._own += 1

@@ -11,9 +11,6 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from confluent_kafka import TopicPartition
-
-from litstream.infra.kafka import consumer
 from litstream.infra.settings import Settings
 from litstream.schemas.events import (
     AttemptHeartbeat,
@@ -27,6 +24,7 @@ from litstream.schemas.models import Span
 
 from .log_writer import LogWriter, StoreError, also
 from .rollout_replica import Folded
+from .sink_progress import SinkNotCaughtUp, SinkProgress
 from .span_beats import SPAN_HEARTBEAT_EVERY_S, SpanBeats
 
 _SpanKey = tuple[str, str, str]  # rollout id, attempt id, span id
@@ -59,7 +57,7 @@ class SpanWriter:
         self.log = log
         self.events, self.codec, self.rollouts = log.events, log.codec, log.rollouts
         self._span_keys: OrderedDict[_SpanKey, None] = OrderedDict()  # own writes, bounded
-        self._span_offsets: dict[int, int] = {}  # spans partition -> highest offset this store wrote
+        self.sink = SinkProgress(settings, log.events.topics.spans)  # where this store's spans are, stored or not
         self._span_beats = SpanBeats()
         self._flush_scheduled = False
 
@@ -85,8 +83,7 @@ class SpanWriter:
 
     def _on_span_delivered(self, err: Any, msg: Any) -> None:
         if err is None:
-            p = int(msg.partition())
-            self._span_offsets[p] = max(self._span_offsets.get(p, -1), int(msg.offset()))
+            self.sink.written(msg.key().decode(), int(msg.partition()), int(msg.offset()))
 
     async def add_span(self, span: Span) -> Span | None:
         added = await self.add_many_spans([span])
@@ -207,19 +204,9 @@ class SpanWriter:
                                 max_sequence_id=max_sequence_id)
         self.events.send(self.events.topics.rollout_events, beat, on_delivery=self.log.lifecycle_report(beat, None))
 
-    def wait_for_sink(self, timeout: float = 30.0) -> None:
-        """Read-your-writes for spans: wait until the sink has committed past what this store produced."""
-        if not self._span_offsets:
-            return
-        c = consumer(self.settings, group_id=f"{self.settings.topic_prefix}-span-sink")
+    def wait_for_sink(self, rollout_id: str, timeout: float = 30.0) -> None:
+        """Read-your-writes for spans: wait until the sink has stored this store's spans of ``rollout_id``."""
         try:
-            deadline = time.monotonic() + timeout
-            wanted = [TopicPartition(self.events.topics.spans, p) for p in self._span_offsets]
-            while time.monotonic() < deadline:
-                committed = c.committed(wanted, timeout=5.0)
-                if all(tp.offset > self._span_offsets[tp.partition] for tp in committed):
-                    return
-                time.sleep(0.05)
-        finally:
-            c.close()
-        raise StoreError("the span sink has not stored this store's spans yet; is it running? (litstream status)")
+            self.sink.wait(rollout_id, timeout)
+        except SinkNotCaughtUp as exc:
+            raise StoreError(f"{exc}; is it running? (litstream status)") from None

@@ -6,16 +6,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from litstream.schemas.events import AttemptSnapshot, AvroRolloutConfig, EventMeta, RolloutSnapshot
+from litstream.schemas.events import AttemptSnapshot, AvroRolloutConfig, EventMeta, RolloutSnapshot, rebuilt
 from litstream.schemas.models import (
-    Attempt,
     AttemptedRollout,
     Rollout,
-    RolloutConfig,
     RolloutMode,
     RolloutStatus,
 )
-from litstream.schemas.trusted import trusted
 
 AttemptState = AttemptSnapshot  # the fold's attempt is what readers get
 
@@ -55,9 +52,9 @@ class RolloutState(BaseModel):
 
     def snapshot(self, last: EventMeta | None = None, accepted: bool = True,
                  reason: str | None = None, reserved: int | None = None) -> RolloutSnapshot:
-        """The state for readers, with the outcome of the event that led to it. Not validated again: every value
-        came from a validated event (this was a third of an enqueue's cost, and of the processor's per event)."""
-        return RolloutSnapshot.trusted(
+        """The state for readers, with the outcome of the event that led to it (its values came from validated
+        events: :func:`rebuilt`)."""
+        return RolloutSnapshot.rebuilt(
             next_sequence_id=self.next_sequence_id, last_reserved=reserved,
             last_event_id=last.event_id if last else None, last_producer_id=last.producer_id if last else None,
             last_producer_seq=last.producer_seq if last else None, last_accepted=accepted, last_reason=reason,
@@ -69,26 +66,18 @@ class RolloutState(BaseModel):
 
 
 def rollout_from_snapshot(snap: RolloutSnapshot) -> Rollout | AttemptedRollout:
-    """The reference's view of a snapshot: the rollout with its latest attempt attached, if any.
-
-    Built without validating again (a fifth of an enqueue's cost): the snapshot's values are valid. The caller
-    gets its own containers, as validation would give them (config and metadata dicts and lists are copies), so
-    changing the returned rollout never changes the store's view of it."""
-    config = snap.config
+    """The reference's view of a snapshot: the rollout with its latest attempt attached, if any. The caller gets
+    its own containers (validation copies the config, dicts and lists), so changing the returned rollout never
+    changes the store's view of it."""
     base: dict[str, Any] = {
         "rollout_id": snap.rollout_id, "input": snap.input, "start_time": snap.start_time, "end_time": snap.end_time,
-        "mode": snap.mode, "resources_id": snap.resources_id, "status": snap.status,
-        "config": trusted(RolloutConfig, {"timeout_seconds": config.timeout_seconds,
-                                          "unresponsive_seconds": config.unresponsive_seconds,
-                                          "max_attempts": config.max_attempts,
-                                          "retry_condition": list(config.retry_condition)}),
-        "metadata": dict(snap.metadata),
+        "mode": snap.mode, "resources_id": snap.resources_id, "status": snap.status, "config": dict(snap.config),
+        "metadata": snap.metadata,
     }
     if not snap.attempts:
-        return trusted(Rollout, base)
+        return rebuilt(Rollout, base)
     a = snap.attempts[-1]
-    attempt = trusted(Attempt, {
-        "rollout_id": snap.rollout_id, "attempt_id": a.attempt_id, "sequence_id": a.sequence_id,
-        "start_time": a.start_time, "end_time": a.end_time, "status": a.status, "worker_id": a.worker_id,
-        "last_heartbeat_time": a.last_heartbeat_time, "metadata": dict(a.metadata)})
-    return trusted(AttemptedRollout, {**base, "attempt": attempt})
+    attempt = {"rollout_id": snap.rollout_id, "attempt_id": a.attempt_id, "sequence_id": a.sequence_id,
+               "start_time": a.start_time, "end_time": a.end_time, "status": a.status, "worker_id": a.worker_id,
+               "last_heartbeat_time": a.last_heartbeat_time, "metadata": a.metadata}
+    return rebuilt(AttemptedRollout, {**base, "attempt": attempt})

@@ -64,7 +64,7 @@ def attempt_observations(before: RolloutState | None, after: RolloutState, at: f
         prev = old.get(a.attempt_id)
         if not a.worker_id or (prev is not None and (prev.status, prev.worker_id) == (a.status, a.worker_id)):
             continue
-        observed.append(WorkerObserved.trusted(**stamp(), worker_id=a.worker_id, time=at,
+        observed.append(WorkerObserved.rebuilt(**stamp(), worker_id=a.worker_id, time=at,
                                                kind="dequeue" if prev is None else "attempt",
                                                status=worker_status_for(a.status), rollout_id=after.rollout_id,
                                                attempt_id=a.attempt_id, heartbeat_stats=None))

@@ -154,6 +154,7 @@ class LitStore:
 
     async def close(self) -> None:
         self.spans.flush_beats()
+        self.spans.sink.close()
         for view in (self.resources, self.workers):
             view.close()
         await self.offers.close()
@@ -374,7 +375,7 @@ class LitStore:
             if latest is None:
                 return PaginatedResult(items=[], limit=limit, offset=offset, total=0)
             attempt_id = latest.attempt_id
-        await asyncio.to_thread(self.spans.wait_for_sink)
+        await asyncio.to_thread(self.spans.wait_for_sink, rollout_id)
         sql, parameters = _spans_sql(rollout_id, attempt_id, filter_logic, TraceId=(trace_id, trace_id_contains),
                                      SpanId=(span_id, span_id_contains), ParentSpanId=(parent_id, parent_id_contains),
                                      SpanName=(name, name_contains))
