@@ -46,7 +46,8 @@ QUICK = Sizes(n=32, warmup=0)
 
 LIT = "litstream agent loop (stock LightningStoreClient -> gateway /v1/agl)"
 REF = f"{AGL} agent loop (same client -> LightningStoreServer over InMemory)"
-CALL_KINDS = ("enqueue_rollout", "dequeue_rollout", "get_next_span_sequence_id", "add_span", "update_attempt")
+CALL_KINDS = ("enqueue_rollout", "dequeue_rollout", "get_next_span_sequence_id", "add_span", "update_attempt",
+              "get_rollout_by_id", "query_spans")  # the last two: 50 finished rollouts read after the loop
 
 
 def _config(sizes: Sizes, url: str | None, cpu_pids: dict[str, list[int]] | None = None) -> dict[str, Any]:

@@ -597,15 +597,42 @@ async def agent_loop_run(url: str, cfg: dict[str, Any], workers: int) -> dict[st
     if succeeded != cfg["n"]:
         raise RuntimeError(f"{succeeded} of {cfg['n']} rollouts succeeded with {workers} agents")
     return {"wall_s": wall, "rollouts": succeeded, "empty_dequeues": left["empty"],
-            "calls": {k: percentiles(v) for k, v in calls.items() if v}}
+            "calls": {k: percentiles(v) for k, v in calls.items() if v}, "ids": ids[-cfg.get("queries", 50):]}
+
+
+async def query_timings(url: str, ids: list[str]) -> dict[str, Any]:
+    """get_rollout_by_id and query_spans of finished rollouts, one after the other, as an algorithm reads each
+    rollout it trains on: p50/p90/p99 of each (ms)."""
+    from agentlightning.store.client_server import LightningStoreClient
+
+    calls: dict[str, list[float]] = {"get_rollout_by_id": [], "query_spans": []}
+    client = LightningStoreClient(url, retry_delays=(0.5,), health_retry_delays=(0.1,))
+    try:
+        for rid in ids:
+            start = time.perf_counter()
+            await client.get_rollout_by_id(rid)
+            calls["get_rollout_by_id"].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            await client.query_spans(rid)
+            calls["query_spans"].append(time.perf_counter() - start)
+    finally:
+        await client.close()
+    return {k: percentiles(v) for k, v in calls.items()}
 
 
 def tree_cpu_s(pids: list[int]) -> float:
     """CPU seconds (user + system) spent so far by these processes and every descendant still running (read from
     /proc: a process's own times, its threads included)."""
+    stats = _proc_stats()
+    seen = _tree(pids, stats)
+    return sum(cpu for pid, _, cpu in stats if pid in seen) / _clock_ticks()
+
+
+def _tree(pids: list[int], stats: list[tuple[int, int, int]]) -> set[int]:
+    """These processes and their descendants, from ``_proc_stats``'s parent links."""
     children: dict[int, list[int]] = {}
-    for stat in _proc_stats():
-        children.setdefault(stat[1], []).append(stat[0])
+    for pid, parent, _ in stats:
+        children.setdefault(parent, []).append(pid)
     seen: set[int] = set()
     todo = list(pids)
     while todo:
@@ -613,8 +640,7 @@ def tree_cpu_s(pids: list[int]) -> float:
         if pid not in seen:
             seen.add(pid)
             todo += children.get(pid, [])
-    ticks = _clock_ticks()
-    return sum(cpu for pid, _, cpu in _proc_stats() if pid in seen) / ticks
+    return seen
 
 
 def _proc_stats() -> list[tuple[int, int, int]]:
@@ -650,6 +676,7 @@ async def agent_loop(cfg: dict[str, Any]) -> dict[str, Any]:
             run = await agent_loop_run(url, cfg, w)
             run["cpu_ms_per_rollout"] = {group: (tree_cpu_s(pids) - before[group]) * 1000 / run["rollouts"]
                                          for group, pids in cpu_pids.items()}
+            run["calls"].update(await query_timings(url, run.pop("ids")))  # after the CPU count: reads, not the loop
             runs[str(w)] = run
     finally:
         if proc is not None:
@@ -658,9 +685,49 @@ async def agent_loop(cfg: dict[str, Any]) -> dict[str, Any]:
     return {**versions(), "runs": runs}
 
 
+def tree_rss_mib(pids: list[int]) -> float:
+    """Resident memory (MiB) of these processes and every descendant still running, summed (from /proc)."""
+    from pathlib import Path
+
+    seen = _tree(pids, _proc_stats())
+    total_kib = 0
+    for pid in seen:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        total_kib += next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+    return total_kib / 1024
+
+
+async def growth(cfg: dict[str, Any]) -> dict[str, Any]:
+    """``n`` rollouts of the agent loop at ``agents`` agents in four quarters against one server: each quarter's
+    rate and the resident memory of each process group after it; the reads' latencies after the first and the
+    last quarter. Progress on stderr."""
+    proc, url = (None, cfg["url"]) if cfg.get("url") else reference_server()
+    groups: dict[str, list[int]] = cfg.get("rss_pids") or ({"server": [proc.pid]} if proc is not None else {})
+    quarters = []
+    try:
+        for q in range(4):
+            run = await agent_loop_run(url, {**cfg, "n": cfg["n"] // 4}, cfg["agents"])
+            entry: dict[str, Any] = {"rollouts": run["rollouts"], "wall_s": run["wall_s"],
+                                     "rss_mib": {name: tree_rss_mib(pids) for name, pids in groups.items()}}
+            if q in (0, 3):
+                entry["reads"] = await query_timings(url, run["ids"])
+            quarters.append(entry)
+            sys.stderr.write(f"  quarter {q + 1}/4: {run['rollouts'] / run['wall_s']:.1f} rollouts/s, RSS "
+                             + ", ".join(f"{k} {v:,.0f} MiB" for k, v in entry["rss_mib"].items()) + "\n")
+            sys.stderr.flush()
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=10)
+    return {**versions(), "quarters": quarters}
+
+
 MODES = {"spans": bench, "rollout_cycles": rollout_cycles, "timer_latency": timer_latency, "apply_ops": apply_ops,
          "span_ingest": span_ingest, "adapter": adapter,
-         "agent_loop": agent_loop}
+         "agent_loop": agent_loop, "growth": growth}
 
 
 def main() -> None:

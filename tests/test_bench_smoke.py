@@ -177,3 +177,33 @@ def test_the_cpu_of_a_process_tree_counts_its_children() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_memory_of_a_process_tree_counts_its_children() -> None:
+    """What the growth table's memory reads: a child's resident memory counts toward the tree it belongs to."""
+    from bench.agl_reference import tree_rss_mib
+
+    hold = "b = bytearray(200 * 2**20)\nprint('done', flush=True)\nimport time\ntime.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "done"
+        assert tree_rss_mib([child.pid]) >= 190
+        assert tree_rss_mib([os.getpid()]) - tree_rss_mib([child.pid]) > 0  # the parent's own, and the child's
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.slow  # ~2 minutes; the growth table is a benchmark, run on its own
+def test_growth_tiny(tmp_path: Path) -> None:
+    """The growth run at a tiny size, both sides: four quarters each, every process's memory, the reads at the
+    start and the end, and the Markdown table."""
+    proc = subprocess.run([sys.executable, "-m", "bench.growth", "--rollouts", "80", "--results-dir", str(tmp_path)],
+                          check=False, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(next(tmp_path.glob("growth-*.json")).read_text())
+    ours = doc["sides"]["litstream"]["quarters"]
+    assert len(ours) == 4 and all(q["rollouts"] == 20 for q in ours)
+    assert {"broker", "lifecycle", "span-sink", "gateway"} <= set(ours[0]["rss_mib"])
+    assert ours[0]["reads"]["query_spans"]["n"] == 20 and "reads" in ours[3]
+    assert len(doc["sides"]) == 2 and "| litstream: rollouts/s |" in doc["markdown"]
