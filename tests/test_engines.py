@@ -337,3 +337,15 @@ def test_real_vllm_upstream_decodes_forced_tool_calls(settings: Settings, tmp_pa
             assert again.token_ids == span["response_token_ids"]
             assert again.logprobs == pytest.approx(span["response_logprobs"], abs=1e-6)
     print(f"\nvLLM server start {vllm.start_seconds:.1f} s")
+
+
+def test_a_checkpoint_is_served_at_its_version_or_the_one_named(tmp_path: Path) -> None:
+    """An earlier run's checkpoint (version 3 in its trainer_state.json) served for a new run is that run's
+    version 0: ``litstream train --algorithm baseline --model <that directory>`` serves it ``--as-version 0``."""
+    from litstream.workers.policy_server.backends import build_backend
+
+    p = build_policy("tiny", seed=0)
+    v3 = save_checkpoint(tmp_path, p.model, p.tokenizer, version=3)
+    assert TorchEngine.from_checkpoint(v3).version == 3
+    assert TorchEngine.from_checkpoint(v3, version=0).version == 0
+    assert build_backend(checkpoint=v3, as_version=0).engine.version == 0

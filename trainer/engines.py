@@ -89,9 +89,10 @@ class TorchEngine:
         self._last_logits: dict[str, int] = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path) -> TorchEngine:
+    def from_checkpoint(cls, path: str | Path, version: int | None = None) -> TorchEngine:
+        """The checkpoint's weights, at the version it was saved as or ``version``."""
         ck = load_checkpoint(path, with_optimizer=False)
-        return cls(ck.model, ck.tokenizer, ck.version)
+        return cls(ck.model, ck.tokenizer, ck.version if version is None else version)
 
     @property
     def version(self) -> int:

@@ -334,16 +334,17 @@ def upstream_backend(base_url: str, upstream_model: str, tokenizer_dir: str | Pa
 def build_backend(*, checkpoint: str | Path | None = None, model: str | None = None, upstream: str | None = None,
                   upstream_model: str | None = None, tokenizer: str | Path | None = None,
                   upstream_api_key: str | None = None, name: str | None = None,
-                  batch_window_s: float = 0.0) -> EngineBackend:
-    """The backend the command line names: a checkpoint directory, a fresh ``tiny`` / ``smollm2`` policy, or an
-    upstream URL (with its model name and a tokenizer directory)."""
+                  batch_window_s: float = 0.0, as_version: int | None = None) -> EngineBackend:
+    """The backend the command line names: a checkpoint directory (served as the version it was saved as, or
+    ``as_version``), a fresh ``tiny`` / ``smollm2`` policy, or an upstream URL (with its model name and a
+    tokenizer directory)."""
     if upstream:
         if not (upstream_model and tokenizer):
             raise ValueError("--upstream needs --upstream-model (the name it serves) and --tokenizer (a directory "
                              "with the served model's tokenizer, e.g. its checkpoint)")
         return upstream_backend(upstream, upstream_model, tokenizer, model_name=name, api_key=upstream_api_key)
     if checkpoint:
-        engine = TorchEngine.from_checkpoint(checkpoint)
+        engine = TorchEngine.from_checkpoint(checkpoint, version=as_version)
         return torch_backend(engine, name or Path(checkpoint).name, batch_window_s=batch_window_s)
     kind = model or "tiny"
     if kind not in ("tiny", "smollm2"):
