@@ -258,43 +258,72 @@ def fastavro_rows(label: str, records: list[AvroModel], codec: Codec, repeats: i
 def every_type_rows(others: dict[str, list[AvroModel]], spans: list[SpanRecorded],
                     enqueued: list[RolloutEnqueued], codec: Codec, repeats: int) -> list[Row]:
     """The slowest record type's encode and decode rate, and the record type furthest from bare fastavro's rate
-    on the same records (the codec's target, a ratio, holds for every type): its rate and fastavro's."""
+    on the same records (the codec's target, a ratio, holds for every type): its rate and fastavro's. Both ways
+    of the codec: with models (model -> bytes -> model, what a caller that needs the model gets) and with records
+    (record -> bytes -> record: the codec's own cost, what a path that only moves records on pays)."""
     by_type: dict[str, list[AvroModel]] = {**others, SpanRecorded.avro_name: list(spans),
                                            RolloutEnqueued.avro_name: list(enqueued)}
     missing = set(BY_NAME) - set(by_type)
     if missing:
         raise RuntimeError(f"no benchmark records of {sorted(missing)}")
-    rates: dict[str, tuple[float, float]] = {}
+    models: dict[str, tuple[float, float]] = {}
+    records: dict[str, tuple[float, float]] = {}
     bare: dict[str, tuple[float, float]] = {}
-    for name, records in by_type.items():
-        blobs = [codec.encode(r) for r in records]
-
-        def encode_all(records: list[AvroModel] = records) -> None:
-            for record in records:
-                codec.encode(record)
-
-        def decode_all(blobs: list[bytes] = blobs) -> None:
-            for blob in blobs:
-                codec.decode(blob)
-
-        rates[name] = (len(records) / statistics.median(repeat(encode_all, repeats)),
-                       len(blobs) / statistics.median(repeat(decode_all, repeats)))
-        bare[name] = fastavro_rates(records, codec, repeats)
+    for name, of_type in by_type.items():
+        models[name], records[name] = _type_rates(name, of_type, codec, repeats)
+        bare[name] = fastavro_rates(of_type, codec, repeats)
     rows = []
     for i, verb in enumerate(("encode", "decode")):
-        name, rate = min(((n, r[i]) for n, r in rates.items()), key=lambda item: item[1])
-        fastest = max(r[i] for r in rates.values())
-        rows.append(Row(f"codec {verb}, slowest of {len(rates)} record types", rate, None, len(by_type[name]),
+        name, rate = min(((n, r[i]) for n, r in models.items()), key=lambda item: item[1])
+        fastest = max(r[i] for r in models.values())
+        rows.append(Row(f"codec {verb}, slowest of {len(models)} record types", rate, None, len(by_type[name]),
                         f"{name.removeprefix('litstream.')}; the fastest type {fastest:,.0f}/s"))
-        ratios = ", ".join(f"{n.removeprefix('litstream.')} {bare[n][i] / rates[n][i]:.2f}x"
-                           for n in sorted(rates, key=lambda n: rates[n][i] / bare[n][i]))
-        worst = min(rates, key=lambda n: rates[n][i] / bare[n][i])
-        short = worst.removeprefix("litstream.")
-        rows.append(Row(f"codec {verb}, the type furthest from fastavro", rates[worst][i], None,
-                        len(by_type[worst]), f"{short}; the codec's time over fastavro's, by type: {ratios}"))
-        rows.append(Row(f"fastavro {verb}, the type furthest from it", bare[worst][i], None, len(by_type[worst]),
-                        short))
+        for path, rates in (("", models), (" records", records)):
+            rows += _furthest_rows(f"codec {verb}{path}", f"fastavro {verb}, the type furthest from the codec{path}",
+                                   i, rates, bare, by_type)
     return rows
+
+
+def _type_rates(name: str, of_type: list[AvroModel], codec: Codec,
+                repeats: int) -> tuple[tuple[float, float], tuple[float, float]]:
+    """(encode, decode) rates of one record type through the codec with models, and with records."""
+    cls = type(of_type[0])
+    blobs = [codec.encode(r) for r in of_type]
+    plain = [r.to_record() for r in of_type]
+
+    def encode_models() -> None:
+        for record in of_type:
+            codec.encode(record)
+
+    def decode_models() -> None:
+        for blob in blobs:
+            codec.decode(blob)
+
+    def encode_records() -> None:
+        for record in plain:
+            codec.encode_record(name, record)
+
+    def decode_records() -> None:
+        for blob in blobs:
+            codec.decode_record(blob, cls)
+
+    n = len(of_type)
+    return ((n / statistics.median(repeat(encode_models, repeats)), n / statistics.median(repeat(decode_models, repeats))),
+            (n / statistics.median(repeat(encode_records, repeats)),
+             n / statistics.median(repeat(decode_records, repeats))))
+
+
+def _furthest_rows(label: str, fastavro_label: str, i: int, rates: dict[str, tuple[float, float]], bare: dict[str, tuple[float, float]],
+                   by_type: dict[str, list[AvroModel]]) -> list[Row]:
+    """The type whose rate is furthest from fastavro's (way ``i``: 0 encode, 1 decode), every type's ratio in
+    the note, and fastavro's rate on that type."""
+    ratios = ", ".join(f"{n.removeprefix('litstream.')} {bare[n][i] / rates[n][i]:.2f}x"
+                       for n in sorted(rates, key=lambda n: rates[n][i] / bare[n][i]))
+    worst = min(rates, key=lambda n: rates[n][i] / bare[n][i])
+    short = worst.removeprefix("litstream.")
+    return [Row(f"{label}, the type furthest from fastavro", rates[worst][i], None, len(by_type[worst]),
+                f"{short}; the codec's time over fastavro's, by type: {ratios}"),
+            Row(fastavro_label, bare[worst][i], None, len(by_type[worst]), short)]
 
 
 # --- the rows -----------------------------------------------------------------------------------------------

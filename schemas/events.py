@@ -83,10 +83,11 @@ class AvroModel(BaseModel):
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Self:
-        """The model of a record the codec decoded: its JSON fields parsed, then validated by pydantic-core (no
-        JSON field is encoded again to check it: it was just parsed). Raises ValueError when a JSON field is not
-        JSON, pydantic's ValidationError when a value does not fit the model."""
-        return cls.model_validate(_plan_of(cls).parsed(record), context=VALID_JSON)
+        """The model of a record the codec decoded: its JSON fields parsed, then validated by pydantic-core in
+        strict mode (Avro gives each value its exact type; no JSON field is encoded again to check it: it was just
+        parsed). Raises ValueError when a JSON field is not JSON, pydantic's ValidationError when a value does
+        not fit the model."""
+        return cls.model_validate(_plan_of(cls).parsed(record), strict=True, context=VALID_JSON)
 
 
 def rebuilt(cls: type[M], fields: dict[str, Any]) -> M:

@@ -39,7 +39,9 @@ def test_kafka_codec_quick(tmp_path: Path) -> None:
     assert doc["benchmark"] == "kafka_codec" and doc["quick"] is True
     rows = {row["what"]: row for row in doc["rows"]}
     for what in ("codec encode SpanRecorded", "codec decode RolloutEnqueued", "fastavro decode RolloutEnqueued",
-                 "codec decode, the type furthest from fastavro", "fastavro decode, the type furthest from it",
+                 "codec decode, the type furthest from fastavro", "fastavro decode, the type furthest from the codec",
+                 "codec decode records, the type furthest from fastavro",
+                 "fastavro encode, the type furthest from the codec records",
                  "broker produce (Apache Kafka, 4 partitions)", "broker consume (Apache Kafka, 4 partitions)",
                  "broker consume via infra.kafka.read_to_end", "EventProducer.send (encode+produce)"):
         assert rows[what]["msgs_per_s"] > 0, what
