@@ -203,7 +203,7 @@ def _triplet(r: Sequence[Any]) -> TripletEmitted:
         "attempt_id": attempt_id, "group_id": group_id, "index": index, "policy_version": policy_version or None,
         "resources_id": resources_id or None, "prompt_token_ids": prompt_ids, "response_token_ids": response_ids,
         "response_logprobs": logprobs, "prompt_text": prompt_text, "response_text": response_text, "reward": reward,
-        "metadata_json": metadata_json})
+        "metadata": json.loads(metadata_json) if metadata_json else {}})
 
 
 def read(path: Path) -> list[dict[str, Any]]:
