@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,31 +30,30 @@ from litstream.app.stack import Stack
 from litstream.infra.broker import free_port
 
 from .agent_loop import Sizes, _config
-from .harness import AGL_SCRIPT, RESULTS_DIR, Context, _agl_env, agl_python, machine
+from .harness import RESULTS_DIR, Context, agl_python, machine, run_agl_reference
 from .lifecycle import AGL, embedded_broker
 
 AGENTS = 16
+RUN_TIMEOUT_S = 12 * 3600.0  # one side of the largest run takes hours on a small machine
 
 
-def run_side(python: Path, cfg: dict[str, Any], console: Console, label: str) -> dict[str, Any]:
+def run_side(cfg: dict[str, Any], console: Console, label: str) -> dict[str, Any]:
     """One side's four quarters through bench/agl_reference.py (its progress shown as it goes)."""
     console.print(f"[bold]{label}[/]: {cfg['n']:,} rollouts at {AGENTS} agents")
-    proc = subprocess.run([str(python), str(AGL_SCRIPT)], input=json.dumps(cfg), stdout=subprocess.PIPE,
-                          text=True, env=_agl_env(), check=False)
-    for line in reversed(proc.stdout.splitlines()):
-        if proc.returncode == 0 and line.startswith("{"):
-            return dict(json.loads(line))
-    raise RuntimeError(f"{label}: the agent loop failed (exit {proc.returncode})")
+    result = run_agl_reference(cfg, console, timeout=RUN_TIMEOUT_S, show_progress=True)
+    if isinstance(result, str):
+        raise RuntimeError(f"{label}: {result}")
+    return result
 
 
-def litstream_side(ctx: Context, python: Path, rollouts: int) -> dict[str, Any]:
+def litstream_side(ctx: Context, rollouts: int) -> dict[str, Any]:
     with embedded_broker(ctx, "growth") as (broker, settings), Stack(settings) as stack:
         ctx.step("starting the lifecycle processor, the span sink and the gateway")
         url = stack.start_store(free_port())
         assert broker.proc is not None
         rss = {"broker": [broker.proc.pid], **{name: [role.proc.pid] for name, role in stack.roles.items()}}
         cfg = {**_config_for(rollouts, url), "rss_pids": rss}
-        return run_side(python, cfg, ctx.console, "litstream")
+        return run_side(cfg, ctx.console, "litstream")
 
 
 def _config_for(rollouts: int, url: str | None) -> dict[str, Any]:
@@ -86,14 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
     console = Console(stderr=True)
-    python, reason = agl_python(console)
-    if python is None:  # the stock client is the load on both sides: it lives in the Agent Lightning venv
+    _, reason = agl_python(console)
+    if reason:  # the stock client is the load on both sides: it lives in the Agent Lightning venv
         console.print(f"[red]the Agent Lightning virtualenv is needed: {reason}[/]")
         return 1
     ctx = Context(quick=False, agl=not args.no_agl, console=console)
-    sides = {"litstream": litstream_side(ctx, python, args.rollouts)}
+    sides = {"litstream": litstream_side(ctx, args.rollouts)}
     if ctx.agl:
-        sides[AGL] = run_side(python, _config_for(args.rollouts, None), console, AGL)
+        sides[AGL] = run_side(_config_for(args.rollouts, None), console, AGL)
     table = markdown(sides)
     args.results_dir.mkdir(parents=True, exist_ok=True)
     path = args.results_dir / f"growth-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"

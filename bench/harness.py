@@ -302,15 +302,17 @@ def agl_python(console: Console) -> tuple[Path | None, str]:
     return python, ""
 
 
-def run_agl_reference(config: dict[str, Any], console: Console,
-                      timeout: float = 600.0) -> dict[str, Any] | str:
-    """Run bench/agl_reference.py in the baseline venv; its result dict, or the reason there is none."""
+def run_agl_reference(config: dict[str, Any], console: Console, timeout: float = 600.0,
+                      show_progress: bool = False) -> dict[str, Any] | str:
+    """Run bench/agl_reference.py in the baseline venv; its result dict, or the reason there is none. With
+    ``show_progress`` its standard error goes to this process's as it comes (a long run's progress)."""
     python, reason = agl_python(console)
     if python is None:
         return reason
     try:
         proc = subprocess.run([str(python), str(AGL_SCRIPT)], check=False, input=json.dumps(config),
-                              capture_output=True, text=True, timeout=timeout, env=_agl_env())
+                              stdout=subprocess.PIPE, stderr=None if show_progress else subprocess.PIPE,
+                              text=True, timeout=timeout, env=_agl_env())
     except subprocess.TimeoutExpired:
         return f"the Agent Lightning baseline did not finish within {timeout:.0f}s"
     # The result is the last JSON line: the libraries it imports may print too.
@@ -320,5 +322,5 @@ def run_agl_reference(config: dict[str, Any], console: Console,
                 return dict(json.loads(line))
             except json.JSONDecodeError:
                 break
-    why = _last_error(proc.stderr + proc.stdout)
+    why = _last_error((proc.stderr or "") + proc.stdout)
     return f"the Agent Lightning baseline failed (exit {proc.returncode}): {why}"

@@ -282,8 +282,8 @@ class LifecycleProcessor:
             self._output(self.topics.state, state.rollout_id, snapshot)
 
     def _offer(self, state: RolloutState, attempt_sequence: int) -> RolloutOffered:
-        """The offer of ``state``'s next attempt, from values the fold already holds as valid (validating them
-        again, the task input's JSON check included, was a tenth of an enqueue's handling)."""
+        """The offer of ``state``'s next attempt, from values the fold holds (validated again by pydantic-core,
+        without encoding the task input again to check it is JSON: :func:`~litstream.schemas.events.rebuilt`)."""
         return RolloutOffered.rebuilt(meta=self.factory.meta(state.rollout_id), attempt_sequence=attempt_sequence,
                                       input=state.input, mode=state.mode, resources_id=state.resources_id,
                                       config=state.config, metadata=state.metadata)

@@ -60,7 +60,7 @@ class SinkProgress:
         while not self._stored_past(wanted):
             self._read_stored(list(wanted))
             if self._stored_past(wanted):
-                return
+                break
             if time.monotonic() >= deadline:
                 raise SinkNotCaughtUp(f"the span sink has not stored spans of {rollout_id} within {timeout:g} s")
             time.sleep(POLL_S)
