@@ -74,6 +74,9 @@ class Settings(BaseSettings):
     # (memory bounded by the store's caches, warm after a restart) or ``memory`` (every rollout held in RAM,
     # rebuilt from the changelog at each start). The changelog on Kafka is the durable copy either way.
     table_store: Literal["rocksdb", "memory"] = "rocksdb"
+    # Finished rollouts the store's and the policy endpoint's replicas hold besides the unfinished ones (newest
+    # first); the store reads older ones from ClickHouse's ``rollouts`` table. Bounds their memory.
+    store_keep_finished: int = Field(5_000, ge=1)
 
     # Kafka security, passed to every client (confluent-kafka and Faust/aiokafka).
     kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"

@@ -1,5 +1,5 @@
-"""Lifecycle events, triplets and lineage -> rows of the ``rollout_events``, ``triplets`` and ``trained_on`` tables,
-as Arrow (pure)."""
+"""Lifecycle events, rollout snapshots, triplets and lineage -> rows of the ``rollout_events``, ``rollouts``,
+``triplets`` and ``trained_on`` tables, as Arrow (pure)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from litstream.schemas.events import (
     Event,
     LifecycleEvent,
     RolloutEnqueued,
+    RolloutSnapshot,
     TripletEmitted,
     VersionTrained,
 )
@@ -29,6 +30,12 @@ EVENT_SCHEMA = pa.schema([
     ("event_id", pa.string()), ("producer_id", pa.string()), ("producer_seq", pa.uint64()),
     ("kafka_partition", pa.uint32()), ("kafka_offset", pa.uint64()), ("ingested_ns", pa.uint64()),
     ("raw_json", pa.string()), ("run_id", pa.string()),
+])
+
+ROLLOUT_SCHEMA = pa.schema([
+    ("rollout_id", pa.string()), ("version", pa.uint64()), ("status", pa.string()), ("start_time", pa.float64()),
+    ("end_time", pa.float64()), ("mode", pa.string()), ("resources_id", pa.string()), ("attempts", pa.uint32()),
+    ("updated_ns", pa.uint64()), ("ingested_ns", pa.uint64()), ("raw_json", pa.string()),
 ])
 
 TRIPLET_SCHEMA = pa.schema([
@@ -99,6 +106,21 @@ def event_columns(events: list[Positioned], ingested_ns: int | None = None) -> l
 
 def event_arrow(events: list[Positioned], ingested_ns: int | None = None) -> pa.Table:
     return columns_to_arrow(event_columns(events, ingested_ns), EVENT_SCHEMA)
+
+
+def rollout_columns(snapshots: list[RolloutSnapshot], ingested_ns: int | None = None) -> list[list[Any]]:
+    now = ingested_ns if ingested_ns is not None else time.time_ns()
+    cols: list[list[Any]] = [[] for _ in ROLLOUT_SCHEMA]
+    for s in snapshots:
+        values = (s.rollout_id, s.version, s.status, s.start_time, s.end_time, s.mode or "", s.resources_id or "",
+                  len(s.attempts), s.updated_ns, now, s.model_dump_json())
+        for col, v in zip(cols, values):
+            col.append(v)
+    return cols
+
+
+def rollout_arrow(snapshots: list[RolloutSnapshot], ingested_ns: int | None = None) -> pa.Table:
+    return columns_to_arrow(rollout_columns(snapshots, ingested_ns), ROLLOUT_SCHEMA)
 
 
 def triplet_columns(triplets: list[TripletEmitted], ingested_ns: int | None = None) -> list[list[Any]]:

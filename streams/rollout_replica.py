@@ -16,8 +16,10 @@ snapshots, the offers and the timers. The replica answers its own writers and se
 Either way every event is folded once, in the log's order, so the replica's state is what replay computes, and a
 writer's answer (a claim won or lost, the sequence ids reserved) is the one the processor reaches.
 
-A runner's replica keeps only the newest ``keep_finished`` finished rollouts (succeeded, failed, cancelled):
-it answers claims, so memory stays bounded by the work in hand. A finished rollout can be reopened (the reference's
+A replica given ``keep_finished`` (the runner's, the store's, the policy server's) keeps only the newest
+``keep_finished`` finished rollouts (succeeded, failed, cancelled) besides every unfinished one, so its memory is
+bounded by the work in hand; the store reads the others from ClickHouse (``rollout_archive``). It counts what it
+let go of (``let_go``, ``let_go_attempts``), so totals stay exact. A finished rollout can be reopened (the reference's
 ``update_rollout``, ``update_attempt`` and ``start_attempt``, through the Store API or ``/v1/agl``) and so be on
 offer again: a later event of a rollout it let go of makes the replica fold that rollout again from its partition,
 up to the event (:meth:`RolloutReplica._recall`), so its answer to a claim is the processor's.
@@ -74,6 +76,8 @@ class RolloutReplica(TopicFollower):
         self.keep_finished = keep_finished
         self._finished: OrderedDict[str, None] = OrderedDict()  # with ``keep_finished``: oldest first
         self._absent: OrderedDict[str, None] = OrderedDict()  # recalled in vain (``_recall``)
+        self.let_go = 0  # rollouts let go of (finished, beyond ``keep_finished``), and their attempts
+        self.let_go_attempts = 0
         self._settings = settings
         self.snapshots: dict[str, RolloutSnapshot] = {}
         self._folded: dict[int, int] = {}  # partition -> the last offset folded
@@ -99,7 +103,8 @@ class RolloutReplica(TopicFollower):
         """The rollout's snapshot; an unknown rollout is the caller's error."""
         snap = self.snapshots.get(rollout_id)
         if snap is None:
-            raise ValueError(f"Rollout {rollout_id} not found")
+            held = f" among the unfinished and the newest {self.keep_finished} finished" if self.let_go else ""
+            raise ValueError(f"Rollout {rollout_id} not found{held}")
         return snap
 
     def expect(self, event_id: str) -> Future[Folded]:
@@ -184,8 +189,11 @@ class RolloutReplica(TopicFollower):
         self._finished.move_to_end(rollout_id)
         while len(self._finished) > (self.keep_finished or 0):
             old, _ = self._finished.popitem(last=False)
-            self.states.pop(old, None)
+            gone = self.states.pop(old, None)
             self.snapshots.pop(old, None)
+            if gone is not None:
+                self.let_go += 1
+                self.let_go_attempts += len(gone.attempts)
 
     def _recall(self, rollout_id: str, partition: int, offset: int) -> RolloutState | None:
         """The state of a rollout this replica let go of, folded again from its partition's records before
@@ -203,6 +211,9 @@ class RolloutReplica(TopicFollower):
             self._absent[rollout_id] = None
             while len(self._absent) > ABSENT_IDS:
                 self._absent.popitem(last=False)
+        else:  # held again: no longer counted as let go of
+            self.let_go -= 1
+            self.let_go_attempts -= len(state.attempts)
         return state
 
     def _fold_partition(self, rollout_id: str, partition: int, offset: int) -> RolloutState | None:

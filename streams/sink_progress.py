@@ -55,14 +55,18 @@ class SinkProgress:
     def wait(self, rollout_id: str, timeout: float = 30.0) -> None:
         """Return once the sink has committed past this store's spans of ``rollout_id``; SinkNotCaughtUp when
         it has not within ``timeout``."""
-        wanted = self.wanted(rollout_id)
+        self.wait_past(self.wanted(rollout_id), f"spans of {rollout_id}", timeout)
+
+    def wait_past(self, wanted: dict[int, int], what: str, timeout: float = 30.0) -> None:
+        """Return once the sink's committed offset on each partition of ``wanted`` is past its offset;
+        SinkNotCaughtUp (naming ``what``) when it is not within ``timeout``."""
         deadline = time.monotonic() + timeout
         while not self._stored_past(wanted):
             self._read_stored(list(wanted))
             if self._stored_past(wanted):
                 break
             if time.monotonic() >= deadline:
-                raise SinkNotCaughtUp(f"the span sink has not stored spans of {rollout_id} within {timeout:g} s")
+                raise SinkNotCaughtUp(f"the sink has not stored {what} within {timeout:g} s")
             time.sleep(POLL_S)
 
     def _stored_past(self, wanted: dict[int, int]) -> bool:

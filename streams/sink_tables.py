@@ -15,19 +15,20 @@ import pyarrow as pa
 from litstream.infra.clickhouse import ClickHouse
 from litstream.infra.topics import Topics
 from litstream.schemas.codec import Codec, DecodeError
-from litstream.schemas.events import SpanRecorded, TripletEmitted, VersionTrained
+from litstream.schemas.events import RolloutSnapshot, SpanRecorded, TripletEmitted, VersionTrained
 
 from .deadletter import DeadLetter, Rejected
-from .event_rows import LIFECYCLE_TYPES, Positioned, event_arrow, lineage_arrow, triplet_arrow
+from .event_rows import LIFECYCLE_TYPES, Positioned, event_arrow, lineage_arrow, rollout_arrow, triplet_arrow
 from .span_rows import span_record_arrow
 
 SPANS_TABLE = "spans"
 EVENTS_TABLE = "rollout_events"
 TRIPLETS_TABLE = "triplets"
 LINEAGE_TABLE = "trained_on"
+ROLLOUTS_TABLE = "rollouts"
 # topic role -> table; every table is a ReplacingMergeTree keyed by the record's identity (see migrations/).
 SINK_TOPICS: dict[str, str] = {"spans": SPANS_TABLE, "rollout-events": EVENTS_TABLE, "triplets": TRIPLETS_TABLE,
-                               "lineage": LINEAGE_TABLE}
+                               "lineage": LINEAGE_TABLE, "rollout-state": ROLLOUTS_TABLE}
 
 
 def sink_topics(topics: Topics) -> dict[str, str]:
@@ -48,6 +49,8 @@ def decode_row(topics: Topics, codec: Codec, topic: str, partition: int, offset:
             return TRIPLETS_TABLE, codec.decode_as(value, TripletEmitted), size
         if topic == topics.lineage:
             return LINEAGE_TABLE, codec.decode_as(value, VersionTrained), size
+        if topic == topics.state:
+            return ROLLOUTS_TABLE, codec.decode_as(value, RolloutSnapshot), size
         if topic == topics.rollout_events:
             event = codec.decode(value)
             if not isinstance(event, LIFECYCLE_TYPES):
@@ -69,11 +72,13 @@ class SinkBatch:
     events: list[Positioned] = field(default_factory=list)
     triplets: list[TripletEmitted] = field(default_factory=list)
     lineage: list[VersionTrained] = field(default_factory=list)
+    rollouts: list[RolloutSnapshot] = field(default_factory=list)
     letters: list[DeadLetter] = field(default_factory=list)
     nbytes: int = 0
 
     def __len__(self) -> int:
-        return len(self.spans) + len(self.events) + len(self.triplets) + len(self.lineage) + len(self.letters)
+        return (len(self.spans) + len(self.events) + len(self.triplets) + len(self.lineage) + len(self.rollouts)
+                + len(self.letters))
 
     def add(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None) -> None:
         try:
@@ -92,13 +97,15 @@ class SinkBatch:
             self.events.append(record)
         elif table == LINEAGE_TABLE:
             self.lineage.append(record)
+        elif table == ROLLOUTS_TABLE:
+            self.rollouts.append(record)
         else:
             self.triplets.append(record)
 
     def counts(self) -> dict[str, int]:
         """Records per table (a lineage record is a version: its rows are its triplets)."""
         return {SPANS_TABLE: len(self.spans), EVENTS_TABLE: len(self.events), TRIPLETS_TABLE: len(self.triplets),
-                LINEAGE_TABLE: len(self.lineage)}
+                LINEAGE_TABLE: len(self.lineage), ROLLOUTS_TABLE: len(self.rollouts)}
 
     def tables(self) -> list[tuple[str, pa.Table]]:
         """Each table's rows as Arrow, ready for ``insert_arrow`` (tables without rows left out)."""
@@ -112,6 +119,8 @@ class SinkBatch:
             out.append((TRIPLETS_TABLE, triplet_arrow(self.triplets, now)))
         if self.lineage:
             out.append((LINEAGE_TABLE, lineage_arrow(self.lineage, now)))
+        if self.rollouts:
+            out.append((ROLLOUTS_TABLE, rollout_arrow(self.rollouts, now)))
         return out
 
     def insert(self, ch: ClickHouse) -> dict[str, int]:

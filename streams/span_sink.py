@@ -37,6 +37,7 @@ from .consume_loop import ConsumeLoop, Fetch, Offsets, Record, Work
 from .deadletter import DeadLetters
 from .sink_tables import (
     EVENTS_TABLE,
+    ROLLOUTS_TABLE,
     SPANS_TABLE,
     TRIPLETS_TABLE,
     SinkBatch,
@@ -85,7 +86,7 @@ class SpanSink(Work[SinkRow]):
                                   limits=QueryLimits.from_settings(settings))
         self.ch.migrate()
         # `inserted` counts spans (what readiness checks look for); the other tables have their own counts.
-        self.stats = {"inserted": 0, "events": 0, "triplets": 0, "dead_letters": 0, "undecodable": 0,
+        self.stats = {"inserted": 0, "events": 0, "triplets": 0, "rollouts": 0, "dead_letters": 0, "undecodable": 0,
                       "batches": 0}
         c = consumer(settings, group_id=f"{settings.topic_prefix}-span-sink",
                      **{"queued.max.messages.kbytes": PREFETCH_KB, "fetch.min.bytes": FETCH_MIN_BYTES,
@@ -173,6 +174,7 @@ class SpanSink(Work[SinkRow]):
         self.stats["inserted"] += counts[SPANS_TABLE]
         self.stats["events"] += counts[EVENTS_TABLE]
         self.stats["triplets"] += counts[TRIPLETS_TABLE]
+        self.stats["rollouts"] += counts[ROLLOUTS_TABLE]
         self.stats["batches"] += 1
         metrics.SINK_BATCH_SIZE.observe(flight.messages)
         metrics.SINK_BATCH_SECONDS.observe(time.perf_counter() - flight.started)
@@ -185,6 +187,7 @@ SINK_SERIES = {
     "inserted": StatSeries("litstream_spans", "Spans stored in ClickHouse"),
     "events": StatSeries("litstream_sink_rows", "Rows stored in ClickHouse, by table", {"table": EVENTS_TABLE}),
     "triplets": StatSeries("litstream_sink_rows", "Rows stored in ClickHouse, by table", {"table": TRIPLETS_TABLE}),
+    "rollouts": StatSeries("litstream_sink_rows", "Rows stored in ClickHouse, by table", {"table": ROLLOUTS_TABLE}),
     "undecodable": StatSeries("litstream_sink_undecodable", "Messages the sink could not decode (all topics)"),
 }
 

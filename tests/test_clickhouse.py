@@ -46,7 +46,7 @@ MIGRATIONS = ["0001_spans", "0002_spans_genai_columns", "0003_rollout_events", "
               "0005_spans_ttl_from_ingest", "0006_tool_calls_view", "0007_tool_usage_view",
               "0008_tool_call_errors_view", "0009_attempt_tool_use_view", "0010_trained_on", "0011_version_data_view",
               "0012_triplet_versions_view", "0013_llm_call_versions_view", "0014_spans_run_id",
-              "0015_rollout_events_run_id", "0016_triplets_run_id"]
+              "0015_rollout_events_run_id", "0016_triplets_run_id", "0017_rollouts"]
 
 
 def _with_database(url: str, database: str) -> str:

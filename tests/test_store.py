@@ -119,6 +119,62 @@ def test_store_api(pipeline: Settings) -> None:
     run(scenario())
 
 
+def test_a_bounded_store_reads_the_rollouts_it_let_go_of_from_clickhouse(pipeline: Settings) -> None:
+    """A store holding 2 finished rollouts answers every read as a store holding all of them: the older finished
+    ones come from ClickHouse's ``rollouts`` table, a page reads only what it shows, and an update reopens one."""
+
+    async def scenario() -> None:
+        full = LitStore(pipeline)
+        bounded = LitStore(pipeline.model_copy(update={"store_keep_finished": 2}))
+        try:
+            ids = []
+            for n in range(6):
+                ro = await full.start_rollout({"n": n}, metadata={"n": n})
+                await full.update_attempt(ro.rollout_id, ro.attempt.attempt_id,
+                                          status="succeeded" if n % 2 else "failed")
+                ids.append(ro.rollout_id)
+            ids.append((await full.enqueue_rollout({"n": 6})).rollout_id)  # unfinished: always held
+            await bounded.wait_until_ready()
+            assert bounded.rollouts.let_go == 4 and ids[0] not in bounded.rollouts.snapshots
+
+            def same(a: Any, b: Any) -> None:
+                assert [r.rollout_id for r in a.items] == [r.rollout_id for r in b.items] and a.total == b.total
+                assert [r.model_dump() for r in a.items] == [r.model_dump() for r in b.items]
+
+            for query in ({"sort_by": "start_time"}, {"sort_by": "start_time", "sort_order": "desc", "limit": 3},
+                          {"sort_by": "rollout_id", "limit": 2, "offset": 3}, {"sort_by": "end_time"},
+                          {"sort_by": "end_time", "sort_order": "desc", "limit": 4, "offset": 1},
+                          {"status_in": ["succeeded"], "sort_by": "start_time"},
+                          {"status_in": ["failed"], "rollout_id_contains": ids[4][-4:], "filter_logic": "or",
+                           "sort_by": "status", "limit": 10},
+                          {"sort_by": "metadata", "limit": 2}):  # not a column: read whole, sorted here
+                if query.get("sort_by") == "metadata":
+                    with pytest.raises(ValueError, match="not comparable"):
+                        await bounded.query_rollouts(**query)
+                    continue
+                same(await bounded.query_rollouts(**query), await full.query_rollouts(**query))
+            unsorted = await bounded.query_rollouts()
+            assert sorted(r.rollout_id for r in unsorted.items) == sorted(ids) and unsorted.total == 7
+
+            old = await bounded.get_rollout_by_id(ids[0])
+            assert old is not None and old.model_dump() == (await full.get_rollout_by_id(ids[0])).model_dump()  # type: ignore[union-attr]
+            assert (await bounded.query_attempts(ids[1])).total == 1
+            assert [r.rollout_id for r in await bounded.wait_for_rollouts(rollout_ids=ids[:2], timeout=5)] == ids[:2]
+            stats, full_stats = await bounded.statistics(), await full.statistics()
+            assert (stats["total_rollouts"], stats["total_attempts"]) == (full_stats["total_rollouts"],
+                                                                          full_stats["total_attempts"]) == (7, 6)
+            assert await bounded.get_rollout_by_id("ro-nope") is None
+
+            reopened = await bounded.update_rollout(ids[0], status="requeuing")  # the replica recalls it
+            assert reopened.status == "requeuing" and ids[0] in bounded.rollouts.snapshots
+            assert bounded.rollouts.let_go == 3
+        finally:
+            await bounded.close()
+            await full.close()
+
+    run(scenario())
+
+
 def test_sequence_ids_from_many_writers_are_unique_and_increasing(pipeline: Settings) -> None:
     async def scenario() -> None:
         a, b = LitStore(pipeline), LitStore(pipeline)

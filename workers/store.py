@@ -2,8 +2,10 @@
 
 Writes are events on Kafka (``log_writer``); a write returns once the broker holds it and this store's replica of
 the fold has folded it in log order (``rollout_replica``; one trip through the log), so ``enqueue_rollout``
-followed by ``get_rollout_by_id`` finds the rollout. Reads come from the replica, from live views of the derived
-topics (``streams/views.py``) and, for spans, from ClickHouse. Offers are read by ``offers``.
+followed by ``get_rollout_by_id`` finds the rollout. Reads come from the replica (which holds every unfinished
+rollout and the newest ``store_keep_finished`` finished ones; older ones are read from ClickHouse:
+``rollout_reads``), from live views of the derived topics (``streams/views.py``) and, for spans, from ClickHouse.
+Offers are read by ``offers``.
 
 ``update_rollout`` and ``update_attempt`` take the reference's contract, a finished rollout included: its own
 status again is a no-op, another is taken, and the rollout follows its newest attempt (``streams/fold.py``).
@@ -60,11 +62,14 @@ from litstream.streams.claims import Claims
 from litstream.streams.log_writer import LogWriter, StoreError
 from litstream.streams.offers import OfferReader
 from litstream.streams.resources import to_records
+from litstream.streams.rollout_archive import RolloutArchive, RolloutFilter
 from litstream.streams.rollout_replica import Folded
 from litstream.streams.span_writer import SpanWriter
 from litstream.streams.state import rollout_from_snapshot
 from litstream.streams.views import ResourcesView, WorkersView
 from litstream.streams.worker_fold import attempt_observations
+
+from .rollout_reads import RolloutReads
 
 log = logging.getLogger("litstream.store")
 T = TypeVar("T")
@@ -105,9 +110,13 @@ def _sort_value(item: Any, sort_by: str) -> Any:
     raise FieldError("sort_by", f"Failed to sort items by '{sort_by}': unsupported field type {annotation!r}")
 
 
-def _paginate(items: list[Any], sort_by: str | None, sort_order: SortOrder, limit: int, offset: int) -> PaginatedResult[Any]:
+def check_limit(limit: int) -> None:
     if limit == 0 or limit < -1:
         raise FieldError("limit", "Limit must be greater than 0 or -1 for no limit")
+
+
+def _paginate(items: list[Any], sort_by: str | None, sort_order: SortOrder, limit: int, offset: int) -> PaginatedResult[Any]:
+    check_limit(limit)
     if sort_by:
         try:
             items = sorted(items, key=lambda x: _sort_value(x, sort_by), reverse=sort_order == "desc")
@@ -133,9 +142,10 @@ class LitStore:
     def __init__(self, settings: Settings, wait_s: float = 30.0) -> None:
         self.settings = settings
         self.wait_s = wait_s
-        self.log = LogWriter(settings, wait_s)
+        self.log = LogWriter(settings, wait_s, keep_finished=settings.store_keep_finished)
         self.events, self.codec = self.log.events, self.log.codec
         self.rollouts = self.log.rollouts  # answers this store's writes after one trip
+        self.reads = RolloutReads(self.rollouts, RolloutArchive(settings))
         self.resources = ResourcesView(settings, self.codec)
         self.workers = WorkersView(settings, self.codec)
         # Workers are derived from attempts: every change the replica folds is shown here at once (the processor's
@@ -155,6 +165,7 @@ class LitStore:
     async def close(self) -> None:
         self.spans.flush_beats()
         self.spans.sink.close()
+        self.reads.archive.close()
         for view in (self.resources, self.workers):
             view.close()
         await self.offers.close()
@@ -166,6 +177,13 @@ class LitStore:
             await asyncio.to_thread(view.caught_up, timeout)
 
     # -- writing through the log ---------------------------------------------------------------------------
+
+    async def _known(self, rollout_id: str) -> RolloutSnapshot:
+        """The rollout's snapshot; an unknown rollout is the caller's error."""
+        snap = await self.reads.snapshot(rollout_id)
+        if snap is None:
+            raise ValueError(f"Rollout {rollout_id} not found")
+        return snap
 
     def _observe_attempts(self, done: Folded) -> None:
         if done.after is not None and done.after.attempts:
@@ -214,7 +232,7 @@ class LitStore:
         return result
 
     async def start_attempt(self, rollout_id: str, worker_id: str | None = None) -> AttemptedRollout:
-        snap = self.rollouts.known(rollout_id)
+        snap = await self._known(rollout_id)
         event = AttemptStarted(meta=self.events.factory.meta(rollout_id), attempt_id=new_attempt_id(),
                                sequence_id=len(snap.attempts) + 1, start_time=time.time(), worker_id=worker_id,
                                force=True)
@@ -236,7 +254,7 @@ class LitStore:
 
     async def update_rollout(self, rollout_id: str, input: Any = UNSET, mode: Any = UNSET, resources_id: Any = UNSET,
                              status: Any = UNSET, config: Any = UNSET, metadata: Any = UNSET) -> Rollout:
-        self.rollouts.known(rollout_id)
+        await self._known(rollout_id)
         given = {"input": input, "mode": mode, "resources_id": resources_id, "status": status, "config": config,
                  "metadata": metadata}
         fields = {k: v for k, v in given.items() if v is not UNSET}
@@ -254,13 +272,13 @@ class LitStore:
     async def cancel_rollout(self, rollout_id: str) -> Rollout:
         """Cancel a rollout that is not finished (``litstream cancel``). A status event: a finished rollout keeps
         its outcome (ValueError, terminal states are final), where ``update_rollout`` would take the new status."""
-        self.rollouts.known(rollout_id)
+        await self._known(rollout_id)
         event = RolloutStatusChanged(meta=self.events.factory.meta(rollout_id), status="cancelled", time=time.time())
         return rollout_from_snapshot(self._accepted(await self.log.write(event)))
 
     async def update_attempt(self, rollout_id: str, attempt_id: str, status: Any = UNSET, worker_id: Any = UNSET,
                              last_heartbeat_time: Any = UNSET, metadata: Any = UNSET) -> Attempt:
-        snap = self.rollouts.known(rollout_id)
+        snap = await self._known(rollout_id)
         if not snap.attempts:
             raise ValueError(f"No attempts found for rollout {rollout_id}")
         target = snap.attempts[-1].attempt_id if attempt_id == "latest" else attempt_id
@@ -284,48 +302,49 @@ class LitStore:
                              rollout_ids: Sequence[str] | None = None) -> PaginatedResult[Any]:
         status_in = status_in if status_in is not None else status  # the reference's deprecated aliases
         rollout_id_in = rollout_id_in if rollout_id_in is not None else rollout_ids
-        tests = []
-        if status_in is not None:
-            tests.append(lambda s: s.status in status_in)
-        if rollout_id_in is not None:
-            tests.append(lambda s: s.rollout_id in rollout_id_in)
-        if rollout_id_contains is not None:
-            tests.append(lambda s: rollout_id_contains in s.rollout_id)
-        combine = all if filter_logic == "and" else any
-        snaps = list(self.rollouts.snapshots.values())
-        chosen = [rollout_from_snapshot(s) for s in snaps if not tests or combine(t(s) for t in tests)]
-        return _paginate(chosen, sort_by, sort_order, limit, offset)
+        check_limit(limit)
+        f = RolloutFilter.of(status_in, rollout_id_in, rollout_id_contains, filter_logic)
+
+        def paginate(rollouts: list[Rollout]) -> tuple[int, list[Rollout]]:
+            page = _paginate(rollouts, sort_by, sort_order, limit, offset)
+            return page.total, list(page.items)
+
+        total, items = await self.reads.page(f, sort_by, sort_order == "desc", limit, offset, paginate)
+        return PaginatedResult(items=items, limit=limit, offset=offset, total=total)
 
     async def get_rollout_by_id(self, rollout_id: str) -> Rollout | None:
-        snap = self.rollouts.snapshots.get(rollout_id)
+        snap = await self.reads.snapshot(rollout_id)
         return rollout_from_snapshot(snap) if snap is not None else None
 
     async def get_latest_attempt(self, rollout_id: str) -> Attempt | None:
-        snap = self.rollouts.snapshots.get(rollout_id)
+        snap = await self.reads.snapshot(rollout_id)
         return _attempt(snap, snap.attempts[-1]) if snap is not None and snap.attempts else None
 
     async def query_attempts(self, rollout_id: str, *, sort_by: str = "sequence_id", sort_order: SortOrder = "asc",
                              limit: int = -1, offset: int = 0) -> PaginatedResult[Attempt]:
-        snap = self.rollouts.snapshots.get(rollout_id)
+        snap = await self.reads.snapshot(rollout_id)
         attempts = [_attempt(snap, a) for a in snap.attempts] if snap is not None else []
         return _paginate(attempts, sort_by, sort_order, limit, offset)
 
     async def wait_for_rollouts(self, *, rollout_ids: list[str], timeout: float | None = None) -> list[Rollout]:
         """The rollouts among ``rollout_ids`` that are finished when they all are or the time is up."""
+        stored = await self.reads.stored(rollout_ids)  # finished long ago: the replica let go of them
+
+        def snapshot(rid: str) -> RolloutSnapshot | None:
+            return self.rollouts.snapshots.get(rid) or stored.get(rid)
+
+        def done() -> list[Rollout]:
+            return [rollout_from_snapshot(s) for rid in rollout_ids
+                    if (s := snapshot(rid)) is not None and s.status in FINISHED]
+
         def finished() -> list[Rollout] | None:
-            done = [rollout_from_snapshot(s) for rid in rollout_ids
-                    if (s := self.rollouts.snapshots.get(rid)) is not None and s.status in FINISHED]
-            known = [rid for rid in rollout_ids if rid in self.rollouts.snapshots]
-            return done if len(done) == len(known) and known else None
+            ended, known = done(), [rid for rid in rollout_ids if snapshot(rid) is not None]
+            return ended if len(ended) == len(known) and known else None
 
         if timeout is not None and timeout <= 0:
-            return finished() or [rollout_from_snapshot(s) for rid in rollout_ids
-                                  if (s := self.rollouts.snapshots.get(rid)) is not None and s.status in FINISHED]
+            return done()
         result = await self.log.until(self.rollouts, finished, timeout if timeout is not None else 1e9)
-        if result is not None:
-            return result
-        return [rollout_from_snapshot(s) for rid in rollout_ids
-                if (s := self.rollouts.snapshots.get(rid)) is not None and s.status in FINISHED]
+        return result if result is not None else done()
 
     # -- spans (streams/span_writer.py) ------------------------------------------------------------------
 
@@ -350,7 +369,7 @@ class LitStore:
         order they are handed out, whichever process asks. A run of requests for one rollout is one reservation."""
         runs: list[tuple[str, str, int]] = []
         for rid, aid in rollout_attempt_ids:
-            self.rollouts.known(rid)
+            await self._known(rid)
             if runs and runs[-1][0] == rid:
                 runs[-1] = (rid, runs[-1][1], runs[-1][2] + 1)
             else:
@@ -481,9 +500,9 @@ class LitStore:
     async def statistics(self) -> dict[str, Any]:
         """The reference's statistics; ``total_spans`` and ``total_span_bytes`` count the spans ClickHouse holds
         (each once, however often it was delivered), ``None`` while the span sink does not answer."""
-        snaps = self.rollouts.snapshots.values()
+        rollouts, attempts = self.reads.totals()
         spans, span_bytes = await self._span_totals()
-        return {"name": "LitStore", "total_rollouts": len(snaps), "total_attempts": sum(len(s.attempts) for s in snaps),
+        return {"name": "LitStore", "total_rollouts": rollouts, "total_attempts": attempts,
                 "total_spans": spans, "total_span_bytes": span_bytes,
                 "total_resources": len(self.resources.state.by_id), "total_workers": len(self.workers.workers),
                 "uptime": time.time() - self._started}

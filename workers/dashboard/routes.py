@@ -145,6 +145,13 @@ class Dashboard:
             return self.store.rollouts.snapshots, None
         return await asyncio.to_thread(self.history.at, parse_until(as_of))
 
+    async def snapshot_at(self, rollout_id: str, as_of: str) -> tuple[RolloutSnapshot | None, PastPoint | None]:
+        """One rollout now (the store's, read from ClickHouse if its replica let go of it) or at ``as_of``."""
+        if not as_of:
+            return await self.store.reads.snapshot(rollout_id), None
+        snapshots, past = await self.snapshots_at(as_of)
+        return snapshots.get(rollout_id), past
+
     async def span_facts(self, rollout_ids: list[str]) -> dict[str, tuple[str, float | None]]:
         """Per rollout, from its spans: the resources it ran with and its last reward. Empty when the spans
         cannot be read now (the list still shows)."""
@@ -166,11 +173,10 @@ class Dashboard:
     async def rollout_page(self, request: web.Request) -> web.Response:
         rid, as_of = _rollout_id(request), request.query.get("as_of", "").strip()
         try:
-            snapshots, past = await self.snapshots_at(as_of)
+            snap, past = await self.snapshot_at(rid, as_of)
         except (ValueError, LookupError, TimeoutError) as exc:
             return self.render("error.html", status=400, title="Rollout", active="rollouts", page_shell=True,
                                message=f"as of {as_of}: {exc}")
-        snap = snapshots.get(rid)
         if snap is None:
             when = f" as of {past.label}" if past is not None else " (yet): it appears here once the lifecycle " \
                                                                   "processor has applied it"
@@ -181,10 +187,9 @@ class Dashboard:
     async def rollout_summary(self, request: web.Request) -> web.Response:
         rid, as_of = _rollout_id(request), request.query.get("as_of", "").strip()
         try:
-            snapshots, past = await self.snapshots_at(as_of)
+            snap, past = await self.snapshot_at(rid, as_of)
         except (ValueError, LookupError, TimeoutError) as exc:
             return self.render("error.html", status=400, message=f"as of {as_of}: {exc}")
-        snap = snapshots.get(rid)
         if snap is None:
             return self.render("error.html", status=404, message=f"no rollout {rid!r}")
         now = past.time if past is not None and past.time is not None else None
@@ -192,8 +197,8 @@ class Dashboard:
 
     async def rollout_traces(self, request: web.Request) -> web.Response:
         rid = _rollout_id(request)
-        snap = self.store.rollouts.snapshots.get(rid)
         try:
+            snap = await self.store.reads.snapshot(rid)
             spans = (await self.store.query_spans(rid)).items
             triplets = (await self.sql(TRIPLETS_SQL, {"rid": rid})).rows
         except Exception as exc:  # noqa: BLE001 - the sink may be down: say so on the page

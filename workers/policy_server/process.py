@@ -55,8 +55,8 @@ class RunningServer:
         self.settings = settings
         self.options = options
         # One producer for spans, heartbeats and reservations; the log writer's replica answers reservations after
-        # one trip and tells which attempts are running.
-        self.log = LogWriter(settings, wait_s=RESERVE_WAIT_S)
+        # one trip and tells which attempts are running (it holds those and the newest finished rollouts).
+        self.log = LogWriter(settings, wait_s=RESERVE_WAIT_S, keep_finished=settings.store_keep_finished)
         self.producer, self.rollouts = self.log.events, self.log.rollouts
         self.recorder = SpanRecorder(self.producer, self.log, service_name=ROLE)
         token = settings.policy_server_token.get_secret_value() if settings.policy_server_token else None
