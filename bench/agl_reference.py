@@ -620,6 +620,26 @@ async def query_timings(url: str, ids: list[str]) -> dict[str, Any]:
     return {k: percentiles(v) for k, v in calls.items()}
 
 
+async def page_timings(url: str, rollouts: int, repeats: int = 10) -> dict[str, Any]:
+    """query_rollouts pages of 100 sorted by start time (the newest first), at the start of the list and in its
+    middle, ``repeats`` times each: p50/p90/p99 (ms) and the total the page reported."""
+    from agentlightning.store.client_server import LightningStoreClient
+
+    calls: dict[str, list[float]] = {"query_rollouts newest 100": [], "query_rollouts 100 in the middle": []}
+    totals: dict[str, int] = {}
+    client = LightningStoreClient(url, retry_delays=(0.5,), health_retry_delays=(0.1,))
+    try:
+        for _ in range(repeats):
+            for name, offset in zip(calls, (0, rollouts // 2)):
+                start = time.perf_counter()
+                page = await client.query_rollouts(sort_by="start_time", sort_order="desc", limit=100, offset=offset)
+                calls[name].append(time.perf_counter() - start)
+                totals[name] = page.total
+    finally:
+        await client.close()
+    return {k: {**percentiles(v), "total": totals[k]} for k, v in calls.items()}
+
+
 def tree_cpu_s(pids: list[int]) -> float:
     """CPU seconds (user + system) spent so far by these processes and every descendant still running (read from
     /proc: a process's own times, its threads included)."""
@@ -706,7 +726,8 @@ async def growth(cfg: dict[str, Any]) -> dict[str, Any]:
     last quarter. Progress on stderr."""
     proc, url = (None, cfg["url"]) if cfg.get("url") else reference_server()
     groups: dict[str, list[int]] = cfg.get("rss_pids") or ({"server": [proc.pid]} if proc is not None else {})
-    quarters = []
+    quarters: list[dict[str, Any]] = []
+    first_ids: list[str] = []
     try:
         for q in range(4):
             run = await agent_loop_run(url, {**cfg, "n": cfg["n"] // 4}, cfg["agents"])
@@ -714,6 +735,11 @@ async def growth(cfg: dict[str, Any]) -> dict[str, Any]:
                                      "rss_mib": {name: tree_rss_mib(pids) for name, pids in groups.items()}}
             if q in (0, 3):
                 entry["reads"] = await query_timings(url, run["ids"])
+                entry["pages"] = await page_timings(url, sum(x["rollouts"] for x in quarters) + run["rollouts"])
+            if q == 0:
+                first_ids = run["ids"]
+            if q == 3:  # the first quarter's rollouts, read again at the end (finished long ago)
+                entry["first_quarter_reads"] = await query_timings(url, first_ids)
             quarters.append(entry)
             sys.stderr.write(f"  quarter {q + 1}/4: {run['rollouts'] / run['wall_s']:.1f} rollouts/s, RSS "
                              + ", ".join(f"{k} {v:,.0f} MiB" for k, v in entry["rss_mib"].items()) + "\n")

@@ -7,7 +7,8 @@ its log on disk, the lifecycle processor, the span sink, the gateway), then agai
 ``LightningStoreServer`` over its in-memory store. After each quarter: the quarter's rollouts/s and the resident
 memory of each process (litstream: each role and the broker, each with its children; the reference: its server).
 After the first and the last quarter: the p50 of ``get_rollout_by_id`` and ``query_spans`` over 50 rollouts of
-that quarter, read one after the other as an algorithm reads what it trains on.
+that quarter, read one after the other as an algorithm reads what it trains on (after the last, the first
+quarter's 50 again), and of a ``query_rollouts`` page of 100 (the newest, and from the middle of the list).
 
     python -m bench.growth                      # 4,000 rollouts, ~5 minutes
     python -m bench.growth --rollouts 100000    # the growth table of docs/benchmarks.md, ~1.5 hours
@@ -72,7 +73,12 @@ def markdown(sides: dict[str, dict[str, Any]]) -> str:
                          + " | ".join(f"{q['rss_mib'][name]:,.0f}" for q in quarters) + " |")
         for call in ("get_rollout_by_id", "query_spans"):
             first, last = quarters[0]["reads"][call], quarters[-1]["reads"][call]
-            lines.append(f"| {side}: {call} p50 (ms) | {first['p50_ms']:.1f} | | | {last['p50_ms']:.1f} |")
+            again = quarters[-1].get("first_quarter_reads", {}).get(call)
+            lines.append(f"| {side}: {call} p50 (ms), the quarter's rollouts | {first['p50_ms']:.1f} | | | "
+                         f"{last['p50_ms']:.1f}" + (f" (quarter 1's: {again['p50_ms']:.1f})" if again else "") + " |")
+        for page in quarters[0].get("pages", {}):
+            first, last = quarters[0]["pages"][page], quarters[-1]["pages"][page]
+            lines.append(f"| {side}: {page} p50 (ms) | {first['p50_ms']:.1f} | | | {last['p50_ms']:.1f} |")
     return "\n".join(lines)
 
 

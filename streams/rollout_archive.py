@@ -14,7 +14,7 @@ the sink to have stored what ``rollout-state`` held at that moment.
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -23,6 +23,7 @@ from litstream.infra.kafka import end_offsets, topic_partitions
 from litstream.infra.settings import Settings
 from litstream.infra.topics import Topics
 from litstream.schemas.events import RolloutSnapshot
+from litstream.schemas.models import FINISHED
 
 from .sink_progress import SinkProgress
 
@@ -80,6 +81,24 @@ class RolloutFilter:
         return "(" + f" {self.logic.upper()} ".join(tests) + ")", params
 
 
+@dataclass(frozen=True)
+class LetGo:
+    """The stored rollouts a replica let go of: finished, last changed at or before ``until_ns`` (the newest it let
+    go of), but for the ``held`` ones (finished near that line, or let go of and held again), which it answers for.
+    Said this way, the query names a handful of ids, never all the replica holds."""
+
+    until_ns: int
+    held: frozenset[str]
+
+    def sql(self) -> tuple[str, dict[str, Any]]:
+        where = "status IN {finished:Array(String)} AND updated_ns <= {until_ns:UInt64}"
+        params: dict[str, Any] = {"finished": sorted(FINISHED), "until_ns": self.until_ns}
+        if self.held:
+            where += " AND rollout_id NOT IN {held:Array(String)}"
+            params["held"] = sorted(self.held)
+        return where, params
+
+
 def sort_key_sql(sort_by: str | None) -> str:
     """The ORDER BY expression of a field the reference sorts by: a missing time last ascending (infinity)."""
     if sort_by is None:
@@ -114,18 +133,18 @@ class RolloutArchive:
         rows = self._rows("SELECT raw_json FROM rollouts FINAL WHERE rollout_id IN {ids:Array(String)}", {"ids": ids})
         return {s.rollout_id: s for s in (RolloutSnapshot.model_validate_json(r[0]) for r in rows)}
 
-    def matching(self, f: RolloutFilter, held: Collection[str]) -> list[RolloutSnapshot]:
-        """Every stored rollout ``f`` matches, but those in ``held`` (the replica's, which it answers for)."""
-        where, params = self._where(f, held)
+    def matching(self, f: RolloutFilter, let_go: LetGo) -> list[RolloutSnapshot]:
+        """Every rollout let go of that ``f`` matches."""
+        where, params = self._where(f, let_go)
         rows = self._rows(f"SELECT raw_json FROM rollouts FINAL WHERE {where} ORDER BY start_time, rollout_id",
                           params)
         return [RolloutSnapshot.model_validate_json(r[0]) for r in rows]
 
-    def first_keys(self, f: RolloutFilter, held: Collection[str], sort_by: str | None, descending: bool,
+    def first_keys(self, f: RolloutFilter, let_go: LetGo, sort_by: str | None, descending: bool,
                    n: int | None) -> tuple[int, list[SortKey]]:
-        """How many stored rollouts ``f`` matches outside ``held``, and the sort keys of the first ``n`` of them
-        (all when ``n`` is None), in order: what a page needs before it reads any rollout whole."""
-        where, params = self._where(f, held)
+        """How many rollouts let go of ``f`` matches, and the sort keys of the first ``n`` of them (all when ``n``
+        is None), in order: what a page needs before it reads any rollout whole."""
+        where, params = self._where(f, let_go)
         column = sort_by or "start_time"
         direction = " DESC" if descending else ""
         limit = "" if n is None else f" LIMIT {int(n)}"
@@ -137,12 +156,10 @@ class RolloutArchive:
     def close(self) -> None:
         self._progress.close()
 
-    def _where(self, f: RolloutFilter, held: Collection[str]) -> tuple[str, dict[str, Any]]:
+    def _where(self, f: RolloutFilter, let_go: LetGo) -> tuple[str, dict[str, Any]]:
         where, params = f.sql()
-        if held:
-            where += " AND rollout_id NOT IN {held:Array(String)}"
-            params["held"] = list(held)
-        return where, params
+        scope, more = let_go.sql()
+        return f"{where} AND {scope}", {**params, **more}
 
     def _count(self, where: str, params: dict[str, Any]) -> int:
         return int(self._rows(f"SELECT count() FROM rollouts FINAL WHERE {where}", params)[0][0])

@@ -78,6 +78,8 @@ class RolloutReplica(TopicFollower):
         self._absent: OrderedDict[str, None] = OrderedDict()  # recalled in vain (``_recall``)
         self.let_go = 0  # rollouts let go of (finished, beyond ``keep_finished``), and their attempts
         self.let_go_attempts = 0
+        self.let_go_until_ns = 0  # the newest ``updated_ns`` let go of: every rollout let go of is at or before it
+        self.recalled: set[str] = set()  # rollouts held again after they were let go of
         self._settings = settings
         self.snapshots: dict[str, RolloutSnapshot] = {}
         self._folded: dict[int, int] = {}  # partition -> the last offset folded
@@ -194,6 +196,8 @@ class RolloutReplica(TopicFollower):
             if gone is not None:
                 self.let_go += 1
                 self.let_go_attempts += len(gone.attempts)
+                self.let_go_until_ns = max(self.let_go_until_ns, gone.updated_ns)
+                self.recalled.discard(old)
 
     def _recall(self, rollout_id: str, partition: int, offset: int) -> RolloutState | None:
         """The state of a rollout this replica let go of, folded again from its partition's records before
@@ -214,6 +218,7 @@ class RolloutReplica(TopicFollower):
         else:  # held again: no longer counted as let go of
             self.let_go -= 1
             self.let_go_attempts -= len(state.attempts)
+            self.recalled.add(rollout_id)
         return state
 
     def _fold_partition(self, rollout_id: str, partition: int, offset: int) -> RolloutState | None:

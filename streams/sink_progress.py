@@ -18,7 +18,7 @@ from confluent_kafka import Consumer, TopicPartition
 from litstream.infra.kafka import consumer
 from litstream.infra.settings import Settings
 
-MAX_ROLLOUTS = 50_000  # rollouts whose newest span's place is remembered (~100 bytes each)
+MAX_ROLLOUTS = 20_000  # rollouts whose newest span's place is remembered (~200 bytes each)
 POLL_S = 0.01  # between two reads of the sink's committed offsets while waiting
 
 

@@ -28,7 +28,7 @@ from .sink_progress import SinkNotCaughtUp, SinkProgress
 from .span_beats import SPAN_HEARTBEAT_EVERY_S, SpanBeats
 
 _SpanKey = tuple[str, str, str]  # rollout id, attempt id, span id
-MAX_OWN_SPAN_KEYS = 200_000  # spans written here, remembered to recognise their duplicates
+MAX_OWN_SPAN_KEYS = 50_000  # spans written here, remembered to recognise their duplicates (a client's retries)
 
 
 def span_beat_urgent(snap: RolloutSnapshot | None, attempt_id: str) -> bool:

@@ -172,11 +172,11 @@ class ResourcesView(TopicFollower):
 class WorkersView(TopicFollower):
     record_type = WorkerObserved
 
-    MAX_OBSERVED = 100_000
+    MAX_OBSERVED = 20_000
 
     def __init__(self, settings: Settings, codec: Codec) -> None:
         self.workers: dict[str, Worker] = {}
-        self.seen_events: set[str] = set()
+        self.written_here: set[str] = set()  # observations written here, until their copy is read back
         # (worker, attempt, status) of the attempts' observations seen, newest last: a write that moved an attempt
         # waits here until its worker record shows it (read-your-writes of start_rollout, start_attempt, ...).
         self.observed: OrderedDict[tuple[str, str, str], None] = OrderedDict()
@@ -190,13 +190,13 @@ class WorkersView(TopicFollower):
             for ev in observations:
                 self._apply(ev)
                 if written:
-                    self.seen_events.add(ev.event_id)
+                    self.written_here.add(ev.event_id)
             self._check_watchers()
 
     def on_record(self, ev: WorkerObserved) -> None:
-        if ev.event_id in self.seen_events:
+        if ev.event_id in self.written_here:  # applied when written; its copy comes once
+            self.written_here.discard(ev.event_id)
             return
-        self.seen_events.add(ev.event_id)
         self._apply(ev)
 
     def _apply(self, ev: WorkerObserved) -> None:

@@ -13,8 +13,15 @@ import asyncio
 from collections.abc import Callable, Iterable
 
 from litstream.schemas.events import RolloutSnapshot
-from litstream.schemas.models import Rollout
-from litstream.streams.rollout_archive import SQL_SORTED, RolloutArchive, RolloutFilter, SortKey, sort_value
+from litstream.schemas.models import FINISHED, Rollout
+from litstream.streams.rollout_archive import (
+    SQL_SORTED,
+    LetGo,
+    RolloutArchive,
+    RolloutFilter,
+    SortKey,
+    sort_value,
+)
 from litstream.streams.rollout_replica import RolloutReplica
 from litstream.streams.state import rollout_from_snapshot
 
@@ -53,21 +60,29 @@ class RolloutReads:
     async def page(self, f: RolloutFilter, sort_by: str | None, descending: bool, limit: int, offset: int,
                    paginate: Paginate) -> Page:
         held = [s for s in list(self.replica.snapshots.values()) if f.matches(s)]
-        if not self.partial:
-            return paginate([rollout_from_snapshot(s) for s in held])
-        return await asyncio.to_thread(self._page_with_table, f, held, sort_by, descending, limit, offset, paginate)
+        if sort_by is not None and sort_by not in SQL_SORTED:  # not a column: every match, sorted in memory
+            stored = await asyncio.to_thread(self.archive.matching, f, self._let_go()) if self.partial else []
+            return paginate([rollout_from_snapshot(s) for s in stored + held])
+        end = None if limit < 0 else offset + limit
+        if not self.partial:  # sorted as snapshots: only the page is made into rollouts
+            if sort_by is not None:
+                held.sort(key=lambda s: sort_value(sort_by, getattr(s, sort_by)), reverse=descending)
+            return len(held), [rollout_from_snapshot(s) for s in held[offset:end]]
+        return await asyncio.to_thread(self._page_with_table, f, held, sort_by, descending, offset, end)
+
+    def _let_go(self) -> LetGo:
+        r = self.replica
+        with r.changed:
+            until = r.let_go_until_ns
+            near = {rid for rid, s in r.snapshots.items() if s.status in FINISHED and s.updated_ns <= until}
+            return LetGo(until, frozenset(near | r.recalled))
 
     def _page_with_table(self, f: RolloutFilter, held: list[RolloutSnapshot], sort_by: str | None,
-                         descending: bool, limit: int, offset: int, paginate: Paginate) -> Page:
-        held_ids = list(self.replica.snapshots)
-        if sort_by is not None and sort_by not in SQL_SORTED:
-            return paginate([rollout_from_snapshot(s) for s in self.archive.matching(f, held_ids) + held])
-        end = None if limit < 0 else offset + limit
-        stored_total, keys = self.archive.first_keys(f, held_ids, sort_by, descending, end)
-        order: list[tuple[SortKey, RolloutSnapshot | None]]
+                         descending: bool, offset: int, end: int | None) -> Page:
+        stored_total, keys = self.archive.first_keys(f, self._let_go(), sort_by, descending, end)
         stored: list[tuple[SortKey, RolloutSnapshot | None]] = [(k, None) for k in keys]
-        mine: list[tuple[SortKey, RolloutSnapshot | None]] = [((sort_value(sort_by, getattr(s, sort_by or "start_time")), s.start_time, s.rollout_id), s)
-                for s in held]
+        mine: list[tuple[SortKey, RolloutSnapshot | None]] = [
+            ((sort_value(sort_by, getattr(s, sort_by or "start_time")), s.start_time, s.rollout_id), s) for s in held]
         if sort_by is None:
             order = stored + mine
         else:  # by start time, then (stable) by the field: ties keep the order they began in, either way
@@ -77,4 +92,3 @@ class RolloutReads:
         read = self.archive.snapshots(k[2] for k, s in chosen if s is None)
         page = [s if s is not None else read.get(k[2]) for k, s in chosen]
         return stored_total + len(held), [rollout_from_snapshot(s) for s in page if s is not None]
-
