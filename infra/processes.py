@@ -9,9 +9,15 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 PARENT_ENV = "LITSTREAM_PARENT_PID"  # set for a child the stack starts: the pid it must not outlive
 PR_SET_PDEATHSIG = 1
+# How long an orphan may take to stop before it exits anyway: its stop may wait on a broker that went with the
+# parent (Faust's worker retries its last commits for minutes). Nothing is lost: what it did not commit is read
+# again by the next owner of its partitions.
+ORPHAN_STOP_S = 30.0
 
 
 def stop_process(proc: subprocess.Popen[bytes] | subprocess.Popen[str], timeout: float) -> None:
@@ -31,10 +37,10 @@ def child_env() -> dict[str, str]:
     return {PARENT_ENV: str(os.getpid())}
 
 
-def stop_with_parent() -> None:
+def stop_with_parent(orphan_stop_s: float = ORPHAN_STOP_S) -> None:
     """In a child started with :func:`child_env`: get SIGTERM when the parent dies, however it dies (a SIGKILLed
-    `litstream up` or `Trainer.fit` must not leave its processors running). The variable is consumed here, so the
-    child's own children do not inherit it."""
+    `litstream up` or `Trainer.fit` must not leave its processors running), and exit if that stop has not ended
+    ``orphan_stop_s`` later. The variable is consumed here, so the child's own children do not inherit it."""
     parent = os.environ.pop(PARENT_ENV, None)
     if parent is None or not sys.platform.startswith("linux"):
         return
@@ -42,6 +48,18 @@ def stop_with_parent() -> None:
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     if os.getppid() != int(parent):  # the parent died before the line above could take effect
         raise SystemExit(f"the process that started this one ({parent}) is gone; stopping")
+    threading.Thread(target=_exit_when_orphaned, args=(int(parent), orphan_stop_s), name="orphan-watch",
+                     daemon=True).start()
+
+
+def _exit_when_orphaned(parent: int, stop_s: float) -> None:
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    time.sleep(stop_s)  # the SIGTERM of the parent's death has had its time
+    sys.stderr.write(f"the process that started this one ({parent}) is gone and this one has not stopped within "
+                     f"{stop_s:g} s of it; exiting\n")
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def with_parent_death_signal(cmd: list[str]) -> list[str]:

@@ -89,11 +89,17 @@ class RolloutReplica(TopicFollower):
         self._acked_first: set[str] = set()
         self._on_fold: list[Callable[[Folded], None]] = []
         self._on_own_offer: list[OwnOffer] = []
+        self._on_enqueued: list[Callable[[str, int, int], None]] = []
         super().__init__(settings, f"{settings.topic_prefix}.rollout-events", codec)
 
     def on_fold(self, listener: Callable[[Folded], None]) -> None:
         """Call ``listener`` (under the replica's lock) with what every accepted event did."""
         self._on_fold.append(listener)
+
+    def on_enqueued(self, listener: Callable[[str, int, int], None]) -> None:
+        """Call ``listener(rollout_id, partition, offset)`` (under the replica's lock) for each rollout's accepted
+        enqueue, where it lies in the log."""
+        self._on_enqueued.append(listener)
 
     def on_own_offer(self, listener: OwnOffer) -> None:
         """Call ``listener(event, state, attempt_sequence, partition)`` (under the replica's lock) when an event a
@@ -175,6 +181,9 @@ class RolloutReplica(TopicFollower):
         if out.accepted:
             for listener in self._on_fold:
                 listener(done)
+            if before is None and isinstance(event, RolloutEnqueued):
+                for enqueued in self._on_enqueued:
+                    enqueued(rid, partition, offset)
             if (out.offer is not None and out.state is not None and event.meta.event_id in self._waiters
                     and not isinstance(event, RolloutEnqueued)):  # an enqueue's writer tells of it itself
                 for tell in self._on_own_offer:

@@ -29,7 +29,8 @@ T = TypeVar("T")
 
 
 class TopicFollower:
-    """Reads ``topic`` from the beginning in a daemon thread and hands each decoded record to ``on_record``."""
+    """Reads ``topic`` from the beginning (or where :meth:`start_offsets` says) in a daemon thread and hands each
+    decoded record to ``on_record``."""
 
     record_type: type[AvroModel] = AvroModel
 
@@ -43,7 +44,7 @@ class TopicFollower:
         self._parts = sorted(meta.partitions)
         self._consumer = consumer(settings, group_id=f"view-{os.getpid()}-{time.monotonic_ns()}",
                                   **{"enable.partition.eof": True})
-        self._consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in self._parts])
+        self._consumer.assign([TopicPartition(topic, p, o) for p, o in self.start_offsets(self._parts).items()])
         self._ends = PartitionEnds()
         self._batches = 0
         self.changed = threading.Condition()
@@ -52,6 +53,10 @@ class TopicFollower:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"follow-{topic}", daemon=True)
         self._thread.start()
+
+    def start_offsets(self, partitions: list[int]) -> dict[int, int]:
+        """Where each partition is read from (``self._consumer`` is there to ask the broker)."""
+        return dict.fromkeys(partitions, OFFSET_BEGINNING)
 
     def expect(self, event_id: str) -> Future[Any]:
         """Register before producing the event: the future gets this view's answer to it."""

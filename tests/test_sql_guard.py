@@ -61,10 +61,10 @@ def test_readonly_is_the_last_setting() -> None:
 
 
 def test_the_store_binds_every_value_of_a_spans_query() -> None:
-    from litstream.workers.store import _spans_sql
+    from litstream.streams.span_query import SpanQuery
 
     tricky = "ro-1' OR '1'='1"
-    sql, parameters = _spans_sql(tricky, "at-1", "or", SpanName=("chat", "x'"), TraceId=(None, None))
+    sql, parameters = SpanQuery.of(tricky, "at-1", "or", SpanName=("chat", "x'"), TraceId=(None, None)).sql()
     assert tricky not in sql and "x'" not in sql and "chat" not in sql  # values travel beside the statement
     assert parameters == {"rollout_id": tricky, "attempt_id": "at-1", "SpanName_is": "chat", "SpanName_has": "x'"}
     assert "(SpanName = {SpanName_is:String} OR position(SpanName, {SpanName_has:String}) > 0)" in sql
@@ -73,8 +73,8 @@ def test_the_store_binds_every_value_of_a_spans_query() -> None:
 def test_a_span_stored_twice_is_read_once_as_its_newest_copy() -> None:
     """The spans query reads without FINAL: an unmerged second copy of a span comes back too, and the store keeps
     the copy FINAL would keep (the newest ``ingested_ns``), in sequence order."""
-    from litstream.workers.store import _newest_copies
+    from litstream.streams.span_query import newest_copies
 
     rows = [["a1", "at-1", 1, "s1", 10], ["b", "at-1", 2, "s2", 10], ["a2", "at-1", 1, "s1", 20],
             ["c", "at-2", 1, "s1", 5]]
-    assert sorted(_newest_copies(rows)) == ["a2", "b", "c"]
+    assert sorted(newest_copies(rows)) == ["a2", "b", "c"]

@@ -175,6 +175,53 @@ def test_a_bounded_store_reads_the_rollouts_it_let_go_of_from_clickhouse(pipelin
     run(scenario())
 
 
+def test_recent_spans_come_from_the_window_as_clickhouse_holds_them(pipeline: Settings) -> None:
+    """A rollout begun while the store runs: its spans come from the store's window, the same spans, filtered the
+    same way, as ClickHouse's table gives; a store opened after the rollout began asks ClickHouse."""
+    from litstream.infra import clickhouse
+    from litstream.schemas.events import SpanRecorded
+    from litstream.streams.span_query import SpanQuery, newest_copies
+    from litstream.workers.store import span_from_record
+
+    async def scenario() -> None:
+        store = LitStore(pipeline)
+        await store.wait_until_ready()
+        later: LitStore | None = None
+        try:
+            ro = await store.start_rollout({"q": 1})
+            rid, aid = ro.rollout_id, ro.attempt.attempt_id
+            seqs = await store.get_many_span_sequence_ids([(rid, aid)] * 4)
+            spans = [make_span(rid, aid, s, name=n) for s, n in zip(seqs, ("chat", "tool", "chat-2", "reward"))]
+            spans[1] = spans[1].model_copy(update={"parent_id": spans[0].span_id})
+            await store.add_many_spans(spans)
+            store.spans.wait_for_sink(rid)
+
+            def table(q: SpanQuery) -> list[dict[str, Any]]:
+                sql, parameters = q.sql()
+                rows = clickhouse.query(pipeline.resolved_clickhouse_dsn, sql, may_open=False, wait_s=10,
+                                        parameters=parameters).rows
+                return [span_from_record(SpanRecorded.model_validate_json(r)).model_dump() for r in newest_copies(rows)]
+
+            for q in (SpanQuery.of(rid, None, "and"), SpanQuery.of(rid, aid, "and", SpanName=(None, "chat")),
+                      SpanQuery.of(rid, aid, "or", SpanName=("reward", None), ParentSpanId=(spans[0].span_id, None)),
+                      SpanQuery.of(rid, "at-other", "and")):
+                recent = store.span_window.spans(q, store.spans.sink.wanted(rid))
+                assert recent is not None
+                assert [span_from_record(s).model_dump() for s in recent] == table(q)
+            assert [s.name for s in (await store.query_spans(rid, name_contains="chat")).items] == ["chat", "chat-2"]
+
+            later = LitStore(pipeline)
+            await later.wait_until_ready()
+            assert later.span_window.spans(SpanQuery.of(rid, None, "and"), {}) is None  # begun before it opened
+            assert [s.span_id for s in (await later.query_spans(rid)).items] == [s.span_id for s in spans]
+        finally:
+            if later is not None:
+                await later.close()
+            await store.close()
+
+    run(scenario())
+
+
 def test_sequence_ids_from_many_writers_are_unique_and_increasing(pipeline: Settings) -> None:
     async def scenario() -> None:
         a, b = LitStore(pipeline), LitStore(pipeline)

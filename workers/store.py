@@ -64,6 +64,8 @@ from litstream.streams.offers import OfferReader
 from litstream.streams.resources import to_records
 from litstream.streams.rollout_archive import RolloutArchive, RolloutFilter
 from litstream.streams.rollout_replica import Folded
+from litstream.streams.span_query import SpanQuery, newest_copies
+from litstream.streams.span_window import SpanWindow
 from litstream.streams.span_writer import SpanWriter
 from litstream.streams.state import rollout_from_snapshot
 from litstream.streams.views import ResourcesView, WorkersView
@@ -156,6 +158,7 @@ class LitStore:
         self.rollouts.on_own_offer(self.offers.offered_here)  # a requeue here is on offer here at once, too
         self.claims = Claims(self.log, self.offers)
         self.spans = SpanWriter(settings, self.log)
+        self.span_window = SpanWindow(settings, self.codec, self.rollouts)
         self._started = time.time()
 
     @property
@@ -165,6 +168,7 @@ class LitStore:
     async def close(self) -> None:
         self.spans.flush_beats()
         self.spans.sink.close()
+        self.span_window.close()
         self.reads.archive.close()
         for view in (self.resources, self.workers):
             view.close()
@@ -387,23 +391,28 @@ class LitStore:
                           name_contains: str | None = None, filter_logic: Literal["and", "or"] = "and",
                           limit: int = -1, offset: int = 0, sort_by: str = "sequence_id",
                           sort_order: SortOrder = "asc") -> PaginatedResult[Span]:
-        """Spans of a rollout (and attempt, or ``"latest"``), from ClickHouse once the sink has this store's
-        writes. The rollout and attempt always apply; the other filters combine with ``filter_logic``."""
+        """Spans of a rollout (and attempt, or ``"latest"``), with this store's writes: from the window of recent
+        spans for a rollout begun while the store runs (``span_window``), else from ClickHouse once the sink has
+        them. The rollout and attempt always apply; the other filters combine with ``filter_logic``."""
         if attempt_id == "latest":
             latest = await self.get_latest_attempt(rollout_id)
             if latest is None:
                 return PaginatedResult(items=[], limit=limit, offset=offset, total=0)
             attempt_id = latest.attempt_id
-        sql, parameters = _spans_sql(rollout_id, attempt_id, filter_logic, TraceId=(trace_id, trace_id_contains),
-                                     SpanId=(span_id, span_id_contains), ParentSpanId=(parent_id, parent_id_contains),
-                                     SpanName=(name, name_contains))
+        q = SpanQuery.of(rollout_id, attempt_id, filter_logic, TraceId=(trace_id, trace_id_contains),
+                         SpanId=(span_id, span_id_contains), ParentSpanId=(parent_id, parent_id_contains),
+                         SpanName=(name, name_contains))
 
-        def read() -> list[Span]:  # one trip off the event loop: wait for the sink, query, decode
+        def read() -> list[Span]:  # one trip off the event loop: the window, or the sink's table
+            recent = self.span_window.spans(q, self.spans.sink.wanted(rollout_id))
+            if recent is not None:
+                return [span_from_record(s) for s in recent]
             self.spans.wait_for_sink(rollout_id)
+            sql, parameters = q.sql()
             # Through the chDB owner (the span sink), never by opening the directory from this process.
             res = clickhouse.query(self.settings.resolved_clickhouse_dsn, sql, may_open=False, wait_s=10.0,
                                    parameters=parameters)
-            return [span_from_record(SpanRecorded.model_validate_json(raw)) for raw in _newest_copies(res.rows)]
+            return [span_from_record(SpanRecorded.model_validate_json(raw)) for raw in newest_copies(res.rows)]
 
         return _paginate(await asyncio.to_thread(read), sort_by, sort_order, limit, offset)
 
@@ -520,39 +529,6 @@ class LitStore:
             return None, None
         count, size = res.rows[0]
         return int(count), int(size)
-
-
-def _spans_sql(rollout_id: str, attempt_id: str | None, logic: Literal["and", "or"],
-               **columns: tuple[str | None, str | None]) -> tuple[str, dict[str, str | int | float | list[str]]]:
-    """The spans query of a rollout (and attempt) with the filters given as ``column=(exact, contains)``: the
-    rollout and attempt always apply, the filters combine with ``logic``. Every value is a bound parameter."""
-    parameters: dict[str, str | int | float | list[str]] = {"rollout_id": rollout_id}
-    where = ["rollout_id = {rollout_id:String}"]
-    if attempt_id is not None:
-        parameters["attempt_id"] = attempt_id
-        where.append("attempt_id = {attempt_id:String}")
-    filters = []
-    for column, (exact, contains) in columns.items():
-        if exact is not None:
-            parameters[f"{column}_is"] = exact
-            filters.append(f"{column} = {{{column}_is:String}}")
-        if contains is not None:
-            parameters[f"{column}_has"] = contains
-            filters.append(f"position({column}, {{{column}_has:String}}) > 0")
-    if filters:
-        where.append("(" + f" {logic.upper()} ".join(filters) + ")")
-    # Without FINAL (a third of the query's time); a span stored twice and not merged yet is read twice and
-    # :func:`_newest_copies` keeps its newest copy, which is what FINAL keeps.
-    return (f"SELECT raw_json, attempt_id, sequence_id, SpanId, ingested_ns FROM spans WHERE {' AND '.join(where)} "
-            "ORDER BY sequence_id, ingested_ns"), parameters
-
-
-def _newest_copies(rows: list[list[Any]]) -> list[str]:
-    """The raw JSON of each span once: of rows ordered by ``ingested_ns`` within a sequence id, the last copy."""
-    newest: dict[tuple[str, int, str], str] = {}
-    for raw, attempt_id, sequence_id, span_id, _ in rows:
-        newest[(attempt_id, sequence_id, span_id)] = raw
-    return list(newest.values())
 
 
 def span_from_record(s: SpanRecorded) -> Span:
