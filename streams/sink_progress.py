@@ -31,12 +31,15 @@ class SinkProgress:
         self.settings, self.topic, self.max_rollouts = settings, topic, max_rollouts
         self._newest: OrderedDict[str, tuple[int, int]] = OrderedDict()  # rollout id -> (partition, offset)
         self._forgotten: dict[int, int] = {}  # partition -> highest offset of a rollout no longer remembered
+        self._highest: dict[int, int] = {}  # partition -> the highest offset written here
         self._stored: dict[int, int] = {}  # partition -> the sink's committed offset, as last read
         self._consumer: Consumer | None = None
         self._lock = threading.Lock()
 
     def written(self, rollout_id: str, partition: int, offset: int) -> None:
         """A span of ``rollout_id`` was delivered at ``offset`` of ``partition`` (the producer's delivery report)."""
+        if offset > self._highest.get(partition, -1):
+            self._highest[partition] = offset
         newest = self._newest
         before = newest.pop(rollout_id, None)
         newest[rollout_id] = (partition, max(offset, before[1]) if before is not None else offset)
@@ -51,6 +54,10 @@ class SinkProgress:
         if place is not None:
             return {place[0]: place[1]}
         return dict(self._forgotten)
+
+    def wanted_all(self) -> dict[int, int]:
+        """Partition -> the offset the sink must have stored for every span written here."""
+        return dict(self._highest)
 
     def wait(self, rollout_id: str, timeout: float = 30.0) -> None:
         """Return once the sink has committed past this store's spans of ``rollout_id``; SinkNotCaughtUp when

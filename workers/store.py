@@ -521,9 +521,13 @@ class LitStore:
 
     async def _span_totals(self) -> tuple[int | None, int | None]:
         sql = "SELECT count(), sum(length(raw_json)) FROM spans FINAL"
+
+        def stored() -> clickhouse.QueryResult:  # with this store's spans, as query_spans sees them
+            self.spans.sink.wait_past(self.spans.sink.wanted_all(), "this store's spans", timeout=10.0)
+            return clickhouse.query(self.settings.resolved_clickhouse_dsn, sql, may_open=False, wait_s=2.0)
+
         try:
-            res = await asyncio.to_thread(clickhouse.query, self.settings.resolved_clickhouse_dsn, sql,
-                                          may_open=False, wait_s=2.0)
+            res = await asyncio.to_thread(stored)
         except Exception as exc:  # noqa: BLE001 (the sink restarting or a server away: say so, do not fail)
             log.warning("statistics: no span totals from ClickHouse: %s", str(exc).splitlines()[0][:300])
             return None, None
