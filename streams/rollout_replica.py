@@ -76,8 +76,10 @@ class RolloutReplica(TopicFollower):
         self.keep_finished = keep_finished
         self._finished: OrderedDict[str, None] = OrderedDict()  # with ``keep_finished``: oldest first
         self._absent: OrderedDict[str, None] = OrderedDict()  # recalled in vain (``_recall``)
-        self.let_go = 0  # rollouts let go of (finished, beyond ``keep_finished``), and their attempts
+        self.let_go = 0  # rollouts let go of (finished, beyond ``keep_finished``), their attempts and statuses
         self.let_go_attempts = 0
+        self.let_go_statuses: dict[str, int] = {}
+        self.let_go_retried = 0  # their attempts beyond each one's first
         self.let_go_until_ns = 0  # the newest ``updated_ns`` let go of: every rollout let go of is at or before it
         self.recalled: set[str] = set()  # rollouts held again after they were let go of
         self._settings = settings
@@ -203,10 +205,15 @@ class RolloutReplica(TopicFollower):
             gone = self.states.pop(old, None)
             self.snapshots.pop(old, None)
             if gone is not None:
-                self.let_go += 1
-                self.let_go_attempts += len(gone.attempts)
+                self._count_let_go(gone, 1)
                 self.let_go_until_ns = max(self.let_go_until_ns, gone.updated_ns)
                 self.recalled.discard(old)
+
+    def _count_let_go(self, state: RolloutState, sign: int) -> None:
+        self.let_go += sign
+        self.let_go_attempts += sign * len(state.attempts)
+        self.let_go_statuses[state.status] = self.let_go_statuses.get(state.status, 0) + sign
+        self.let_go_retried += sign * max(0, len(state.attempts) - 1)
 
     def _recall(self, rollout_id: str, partition: int, offset: int) -> RolloutState | None:
         """The state of a rollout this replica let go of, folded again from its partition's records before
@@ -225,8 +232,7 @@ class RolloutReplica(TopicFollower):
             while len(self._absent) > ABSENT_IDS:
                 self._absent.popitem(last=False)
         else:  # held again: no longer counted as let go of
-            self.let_go -= 1
-            self.let_go_attempts -= len(state.attempts)
+            self._count_let_go(state, -1)
             self.recalled.add(rollout_id)
         return state
 

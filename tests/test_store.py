@@ -136,6 +136,7 @@ def test_a_bounded_store_reads_the_rollouts_it_let_go_of_from_clickhouse(pipelin
             ids.append((await full.enqueue_rollout({"n": 6})).rollout_id)  # unfinished: always held
             await bounded.wait_until_ready()
             assert bounded.rollouts.let_go == 4 and ids[0] not in bounded.rollouts.snapshots
+            assert bounded.rollouts.let_go_statuses == {"failed": 2, "succeeded": 2}
 
             def same(a: Any, b: Any) -> None:
                 assert [r.rollout_id for r in a.items] == [r.rollout_id for r in b.items] and a.total == b.total
@@ -167,7 +168,7 @@ def test_a_bounded_store_reads_the_rollouts_it_let_go_of_from_clickhouse(pipelin
 
             reopened = await bounded.update_rollout(ids[0], status="requeuing")  # the replica recalls it
             assert reopened.status == "requeuing" and ids[0] in bounded.rollouts.snapshots
-            assert bounded.rollouts.let_go == 3
+            assert bounded.rollouts.let_go == 3 and bounded.rollouts.let_go_statuses == {"failed": 1, "succeeded": 2}
         finally:
             await bounded.close()
             await full.close()

@@ -4,8 +4,8 @@ Writes are events on Kafka (``log_writer``); a write returns once the broker hol
 the fold has folded it in log order (``rollout_replica``; one trip through the log), so ``enqueue_rollout``
 followed by ``get_rollout_by_id`` finds the rollout. Reads come from the replica (which holds every unfinished
 rollout and the newest ``store_keep_finished`` finished ones; older ones are read from ClickHouse:
-``rollout_reads``), from live views of the derived topics (``streams/views.py``) and, for spans, from ClickHouse.
-Offers are read by ``offers``.
+``rollout_reads``), from live views of the derived topics (``streams/views.py``) and, for spans, from the window
+of recent spans (``span_window``) or ClickHouse. Offers are read by ``offers``.
 
 ``update_rollout`` and ``update_attempt`` take the reference's contract, a finished rollout included: its own
 status again is a no-op, another is taken, and the rollout follows its newest attempt (``streams/fold.py``).

@@ -24,19 +24,22 @@ class GatewayCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         if self.store is None:
             return
-        snaps = list(self.store.rollouts.snapshots.values())
-        by_status = GaugeMetricFamily("litstream_rollouts", "Rollouts by status (every rollout the state topic "
-                                      "holds)", labels=["status"])
+        replica = self.store.rollouts
+        snaps = list(replica.snapshots.values())
+        by_status = GaugeMetricFamily("litstream_rollouts", "Rollouts by status (every rollout the store knows, "
+                                      "those its replica let go of included)", labels=["status"])
         counts = {s: 0 for s in ROLLOUT_STATUSES}
         for s in snaps:
             counts[s.status] = counts.get(s.status, 0) + 1
+        for status, n in list(replica.let_go_statuses.items()):
+            counts[status] = counts.get(status, 0) + n
         for status, n in counts.items():
             by_status.add_metric([status], n)
         yield by_status
         yield GaugeMetricFamily("litstream_queue_depth", "Rollouts waiting for a runner (queuing or requeuing)",
                                 value=sum(counts.get(s, 0) for s in QUEUED))
         yield GaugeMetricFamily("litstream_attempts_retried", "Attempts beyond each rollout's first",
-                                value=sum(max(0, len(s.attempts) - 1) for s in snaps))
+                                value=sum(max(0, len(s.attempts) - 1) for s in snaps) + replica.let_go_retried)
         yield GaugeMetricFamily("litstream_workers", "Agent workers the store knows",
                                 value=len(self.store.workers.workers))
         yield from self._dead_letters()
