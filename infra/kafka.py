@@ -330,6 +330,11 @@ def flush_or_raise(p: Producer, timeout: float | None = 30.0) -> None:
                     "fails after message.timeout.ms)", left, waited)
 
 
+def topic_ends(settings: Settings, topic: str) -> dict[int, int]:
+    """:func:`end_offsets` of every partition of ``topic``."""
+    return end_offsets(settings, topic, topic_partitions(settings, topic))
+
+
 def end_offsets(settings: Settings, topic: str, partitions: list[int]) -> dict[int, int]:
     """The next offset each partition will be written at (its high-water mark)."""
     c = consumer(settings, group_id=f"{topic}-ends")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from litstream.infra import clickhouse
-from litstream.infra.kafka import end_offsets, topic_partitions
+from litstream.infra.kafka import topic_ends
 from litstream.infra.settings import Settings
 from litstream.infra.topics import Topics
 from litstream.schemas.events import RolloutSnapshot
@@ -150,7 +150,7 @@ class RolloutArchive:
         limit = "" if n is None else f" LIMIT {int(n)}"
         rows = self._rows(f"SELECT {column}, start_time, rollout_id, count() OVER () FROM rollouts FINAL WHERE {where} "
                           f"ORDER BY {sort_key_sql(sort_by)}{direction}, start_time, rollout_id{limit}", params)
-        total = int(rows[0][3]) if rows else self._count(where, params)
+        total = int(rows[0][3]) if rows else 0  # the limit is at least 1: no row, no match
         return total, [(sort_value(sort_by, r[0]), float(r[1]), str(r[2])) for r in rows]
 
     def close(self) -> None:
@@ -160,9 +160,6 @@ class RolloutArchive:
         where, params = f.sql()
         scope, more = let_go.sql()
         return f"{where} AND {scope}", {**params, **more}
-
-    def _count(self, where: str, params: dict[str, Any]) -> int:
-        return int(self._rows(f"SELECT count() FROM rollouts FINAL WHERE {where}", params)[0][0])
 
     def _rows(self, sql: str, params: dict[str, Any]) -> list[list[Any]]:
         self._wait_ready()
@@ -174,7 +171,7 @@ class RolloutArchive:
         with self._lock:
             if self._ready:
                 return
-            ends = end_offsets(self.settings, self.topic, topic_partitions(self.settings, self.topic))
+            ends = topic_ends(self.settings, self.topic)
             self._progress.wait_past({p: end - 1 for p, end in ends.items() if end > 0}, "the rollouts' snapshots",
                                      timeout=30.0)
             self._ready = True

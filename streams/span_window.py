@@ -20,7 +20,7 @@ from typing import Any
 
 from confluent_kafka import TopicPartition
 
-from litstream.infra.kafka import end_offsets, topic_partitions
+from litstream.infra.kafka import topic_ends
 from litstream.infra.settings import Settings
 from litstream.infra.topics import Topics
 from litstream.schemas.codec import Codec, DecodeError
@@ -45,8 +45,7 @@ class SpanWindow(TopicFollower):
         self._read: dict[int, int] = {}  # partition -> the next offset the follower reads
         topics = Topics(settings.topic_prefix)
         super().__init__(settings, topics.spans, codec)  # opens at the topic's end (start_offsets)
-        self._enqueued_from = end_offsets(settings, topics.rollout_events,
-                                          topic_partitions(settings, topics.rollout_events))
+        self._enqueued_from = topic_ends(settings, topics.rollout_events)
         replica.on_enqueued(self._enqueued)
 
     def start_offsets(self, partitions: list[int]) -> dict[int, int]:
