@@ -42,7 +42,7 @@ def window(model: str, groups: int, group_size: int, max_tokens: int, seed: int 
     temperature = defaults_for(model).temperature
     out: list[Sample] = []
     for g, task in enumerate(wa.make_dataset(groups, seed)):
-        text = f"{wa.SYSTEM}\nWhat is the temperature in {task['city']} now?"
+        text = f"{wa.SYSTEM}\n{wa.question(task)}"
         prompt = tok.encode(text) if model == "tiny" else _chat(tok, wa, task)
         for i, gen in enumerate(engine.generate([prompt] * group_size, max_tokens, temperature=temperature,
                                                 seed=seed * 1000 + g)):
@@ -56,7 +56,7 @@ def window(model: str, groups: int, group_size: int, max_tokens: int, seed: int 
 def _chat(tok: Any, wa: Any, task: dict[str, Any]) -> list[int]:
     hf = tok.to_hf() if callable(getattr(tok, "to_hf", None)) else tok.tok
     messages = [{"role": "system", "content": wa.SYSTEM},
-                {"role": "user", "content": f"What is the temperature in {task['city']} now?"}]
+                {"role": "user", "content": wa.question(task)}]
     ids = hf.apply_chat_template(messages, tools=wa.TOOLS, add_generation_prompt=True, tokenize=True)
     return [int(i) for i in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
 
