@@ -178,6 +178,15 @@ def test_dev_runs_each_task_once_with_baseline(joined: Callable[..., Trainer], s
     assert records[summary.run_id]["ended"] == records[again.run_id]["ended"] == "finished"
 
 
+def test_a_baseline_validation_says_its_standard_error_and_each_dimension(joined: Callable[..., Trainer]) -> None:
+    """Evaluating a policy on held-out tasks (``--algorithm baseline --val``) reports what GRPO's validations do."""
+    summary = joined("tests.fit_agents:two_dimension_agent", algorithm=Baseline()).fit(
+        "tests.fit_agents:two_dimension_agent", TASKS[:1], VAL_TASKS)
+    v0 = summary.extra["validation"]["0"]
+    assert (v0["tasks"], v0["samples"], v0["dimensions"]) == (len(VAL_TASKS), 1, {"one": {"mean": 1.0, "se": 0.0}})
+    assert v0["mean"] == pytest.approx(summary.val_reward_by_version[0], abs=1e-4) and v0["se"] is not None
+
+
 class BestOfTwoTemperatures(Algorithm):
     """A user's algorithm: publishes two sampling settings with the served policy, validates each, keeps the
     better one. Only the Driver interface is used."""

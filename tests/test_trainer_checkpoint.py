@@ -121,6 +121,17 @@ def test_resume_restores_weights_optimizer_and_version_exactly(tmp_path: Path) -
     assert all(torch.equal(pa[k], pb[k]) for k in pa)
 
 
+def test_a_learners_checkpoint_serves_at_the_temperature_it_trained_at(tmp_path: Path) -> None:
+    from litstream.workers.policy_server.sampling_defaults import generation_config_defaults
+
+    p = build_policy("tiny", seed=0)
+    path = GrpoLearner(p.model, p.tokenizer, LearnerConfig(temperature=0.5)).save(tmp_path / "warm")
+    assert generation_config_defaults(path).temperature == 0.5  # what `--model <checkpoint>` samples with
+    greedy = GrpoLearner(p.model, p.tokenizer, LearnerConfig(temperature=0.0)).save(tmp_path / "greedy")
+    assert generation_config_defaults(greedy) == generation_config_defaults(None)  # do_sample false: none named
+    assert not (save_checkpoint(tmp_path / "plain", p.model, p.tokenizer, 0) / "generation_config.json").exists()
+
+
 def test_micro_batching_matches_one_batch() -> None:
     data = groups(5)
     big = GrpoLearner(build_policy("tiny", seed=0).model, ByteTokenizer(), LearnerConfig(micro_batch_tokens=10_000))

@@ -185,6 +185,7 @@ class Algorithm(abc.ABC):
 
     def __init__(self) -> None:
         self.history = History()
+        self.validations: dict[int, Validation] = {}  # what ``validate`` measured, by policy version
 
     @abc.abstractmethod
     def run(self, driver: Driver, train: Sequence[Any], val: Sequence[Any] | None) -> None:
@@ -199,9 +200,50 @@ class Algorithm(abc.ABC):
 
     def validate(self, driver: Driver, val: Sequence[Any], policy: Policy | None) -> float | None:
         results = run_all(driver, val, VAL, resources_id=policy.resources_id if policy else None)
+        version = policy.version if policy else 0
         for r in results:
-            self.history.add(r, policy.version if policy else 0)
+            self.history.add(r, version)
+        measured = Validation.of(results)
+        if measured is not None:
+            self.validations[version] = measured
         return mean_reward(results)
+
+
+@dataclass(frozen=True)
+class Validation:
+    """One validation: the reward over tasks and the reward's other named dimensions, each with its standard
+    error."""
+
+    reward: ValEstimate
+    dimensions: dict[str, ValEstimate]
+
+    @classmethod
+    def of(cls, results: Sequence[RolloutResult]) -> Validation | None:
+        """From a validation's rollouts, a rollout's task being its data id; a failed rollout scores 0 (as in
+        ``mean_reward``), a cancelled one was never run."""
+        rewards: dict[str, list[float]] = {}
+        dims: dict[str, dict[str, list[float]]] = {}
+        for i, r in enumerate(results):
+            if r.status == "cancelled":
+                continue
+            task = r.data_id or str(i)
+            rewards.setdefault(task, []).append(r.reward or 0.0)
+            for name, value in r.dimensions.items():
+                dims.setdefault(name, {}).setdefault(task, []).append(value)
+        reward = val_estimate(rewards)
+        if reward is None:
+            return None
+        return cls(reward, {name: e for name, by_task in dims.items() if (e := val_estimate(by_task)) is not None})
+
+    def text(self, note: str = "") -> str:
+        """``0.680 ± 0.029 (256 tasks × 1){note}; tool_call 0.801 ± 0.025``"""
+        return self.reward.text() + note + "".join(f"; {name} {e.mean:.3f} ± {_se_text(e)}"
+                                            for name, e in self.dimensions.items())
+
+    def as_dict(self) -> dict[str, Any]:
+        return ({**_estimate_dict(self.reward), "tasks": self.reward.tasks, "samples": self.reward.samples}
+                | ({"dimensions": {n: _estimate_dict(d) for n, d in self.dimensions.items()}} if self.dimensions
+                   else {}))
 
 
 class Baseline(Algorithm):
@@ -221,8 +263,13 @@ class Baseline(Algorithm):
                 self.history.add(r, policy.version if policy else 0)
             driver.show(f"baseline: {len(results)} rollouts, mean reward {mean_reward(results) or 0:.3f}")
         if val:
-            score = self.validate(driver, val, policy)
-            driver.show(f"baseline: validation reward {score or 0:.3f}")
+            self.validate(driver, val, policy)
+            measured = self.validations.get(policy.version if policy else 0)
+            if measured is not None:
+                driver.show(f"baseline: validation reward {measured.text()}")
+
+    def report(self) -> dict[str, Any]:
+        return {"validation": {str(v): m.as_dict() for v, m in sorted(self.validations.items())}}
 
 
 @dataclass
@@ -331,7 +378,6 @@ class GRPO(Algorithm):
         self.val_ids: set[str] = set()  # every validation rollout of the run
         self._val_rewards: dict[int, dict[str, list[float]]] = {}  # version -> task -> rewards
         self._val_dims: dict[int, dict[str, dict[str, list[float]]]] = {}  # version -> dimension -> task -> values
-        self.val_dimensions: dict[int, dict[str, ValEstimate]] = {}  # the reward's other dimensions, validated
         self._val_pending: dict[int, int] = {}  # version -> validation rollouts not back yet
         self._warned_val = False
         self._last_rollout: str | None = None
@@ -527,10 +573,10 @@ class GRPO(Algorithm):
         self.val_estimates[version] = est
         dims = {name: e for name, by_task in self._val_dims.get(version, {}).items()
                 if (e := val_estimate(by_task)) is not None}
-        self.val_dimensions[version] = dims
+        self.validations[version] = Validation(est, dims)
         best = best_version(self.val_estimates)
-        driver.show(f"v{version}: validation reward {est.text()}" + (" (best so far)" if best == version else "")
-                    + "".join(f"; {name} {e.mean:.3f} ± {_se_text(e)}" for name, e in dims.items()))
+        note = " (best so far)" if best == version else ""
+        driver.show(f"v{version}: validation reward {self.validations[version].text(note)}")
         warning = val_warning(est)
         if warning and not self._warned_val:
             self._warned_val = True
@@ -687,10 +733,7 @@ class GRPO(Algorithm):
         return {"best": self.best, "stopped": self.stopped, "no_signal": self.no_signal,
                 "fallbacks": list(self.fallbacks), "left_out": self.watch.left_out,
                 "warnings": list(self.warnings), "settings": self.settings_text(), "warm_start": self.warm,
-                "validation": {str(v): {**_estimate_dict(e), "tasks": e.tasks, "samples": e.samples}
-                               | ({"dimensions": {n: _estimate_dict(d) for n, d in self.val_dimensions[v].items()}}
-                                  if self.val_dimensions.get(v) else {})
-                               for v, e in sorted(self.val_estimates.items())},
+                "validation": {str(v): m.as_dict() for v, m in sorted(self.validations.items())},
                 "windows": [{"version": w.version, "groups": w.groups, "flat": w.flat,
                              "spread": round(w.spread, 4), "reward": round(w.reward_mean, 4)} for w in self.signals]}
 

@@ -1,5 +1,6 @@
 """Checkpoints: ``<root>/v{N}/`` with the weights (safetensors, untied), the model config, the tokenizer, the
-optimizer state and ``trainer_state.json`` (version, step).
+optimizer state, ``trainer_state.json`` (version, step) and, from a learner, ``generation_config.json`` (the
+temperature the version was sampled at while it trained).
 
 A checkpoint directory is also what an inference engine loads: transformers' ``from_pretrained`` and vLLM's
 ``reload_weights`` read it as is. It is written into a temporary sibling and renamed into place, so a reader
@@ -25,6 +26,7 @@ from .tokenizer import Tokenizer, load_tokenizer
 WEIGHTS = "model.safetensors"
 OPTIMIZER = "optimizer.pt"
 STATE = "trainer_state.json"
+GENERATION = "generation_config.json"  # Hugging Face's name: servers read their sampling defaults from it
 _DIR = re.compile(r"^v(\d+)$")
 
 
@@ -63,7 +65,10 @@ def latest_checkpoint(root: str | Path) -> Path | None:
 
 def save_checkpoint(root: str | Path, model: Any, tokenizer: Tokenizer, version: int, step: int = 0,
                     optimizer: torch.optim.Optimizer | None = None, extra: dict[str, Any] | None = None,
-                    keep_last: int | None = 3, keep_every: int | None = None) -> Path:
+                    keep_last: int | None = 3, keep_every: int | None = None,
+                    temperature: float | None = None) -> Path:
+    """``temperature``: what the version was sampled at while it trained, written as its generation config so that
+    serving the checkpoint on its own (``--model <dir>``, vLLM) samples as the run did."""
     from safetensors.torch import save_file
 
     root = Path(root)
@@ -78,6 +83,9 @@ def save_checkpoint(root: str | Path, model: Any, tokenizer: Tokenizer, version:
         model.config.tie_word_embeddings = False
         model.config.save_pretrained(str(tmp))
         tokenizer.save(tmp)
+        if temperature is not None:
+            generation = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
+            (tmp / GENERATION).write_text(json.dumps(generation))
         if optimizer is not None:
             torch.save(optimizer.state_dict(), tmp / OPTIMIZER)
         meta = {"version": version, "step": step, "time": time.time(), "extra": extra or {}}

@@ -321,7 +321,7 @@ class GrpoLearner:
         lora = has_lora(self.model)
         return save_checkpoint(root, servable(self.model), self.tokenizer, self.version, step=self.step_count,
                                optimizer=None if lora else self.optimizer, extra=extra, keep_last=keep_last,
-                               keep_every=keep_every)
+                               keep_every=keep_every, temperature=self.cfg.temperature)
 
     def restore_weights(self, source: str | Path) -> None:
         """The weights of checkpoint ``source`` in place of the model's (fresh adapters under LoRA), with a fresh
