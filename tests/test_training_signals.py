@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from litstream.trainer.algorithm import RolloutResult, Validation
 from litstream.trainer.defaults import SMOLLM2, TINY, check_lr, defaults_for
 from litstream.trainer.signals import (
     ValEstimate,
@@ -74,6 +75,19 @@ def test_a_small_validation_set_is_flagged_and_a_large_quiet_one_is_not() -> Non
     assert "few" in (val_warning(ValEstimate(0.9, 0.01, 8, 8)) or "")  # quiet but few tasks
     assert "no error estimate" in (val_warning(ValEstimate(0.5, math.inf, 1, 4)) or "")
     assert val_warning(ValEstimate(mean=0.5, se=0.02, tasks=200, samples=1)) is None
+
+
+def test_a_validation_scores_a_failed_rollout_0_and_leaves_out_a_cancelled_one() -> None:
+    def result(i: int, status: str, reward: float | None, call: float) -> RolloutResult:
+        return RolloutResult(f"ro-{i}", "val", status, reward, 0, None, str(i), {"tool_call": call})
+
+    v = Validation.of([result(0, "succeeded", 1.0, 1.0), result(1, "failed", None, 0.0),
+                       result(2, "succeeded", 0.5, 1.0), result(3, "cancelled", None, 0.0)])
+    assert v is not None and (v.reward.mean, v.reward.tasks) == (0.5, 3)
+    assert v.dimensions["tool_call"].mean == pytest.approx(2 / 3)
+    assert v.text().startswith("0.500 ± 0.289 (3 tasks × 1); tool_call 0.667 ± ")
+    assert v.as_dict()["dimensions"]["tool_call"]["mean"] == 0.6667
+    assert Validation.of([result(0, "cancelled", None, 0.0)]) is None
 
 
 def test_best_version_and_plateau() -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import abc
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -230,10 +230,17 @@ class Validation:
             rewards.setdefault(task, []).append(r.reward or 0.0)
             for name, value in r.dimensions.items():
                 dims.setdefault(name, {}).setdefault(task, []).append(value)
+        return cls.over_tasks(rewards, dims)
+
+    @classmethod
+    def over_tasks(cls, rewards: Mapping[str, Sequence[float]],
+                   dimensions: Mapping[str, Mapping[str, Sequence[float]]]) -> Validation | None:
+        """From each task's rewards, and each dimension's values by task (None: no reward at all)."""
         reward = val_estimate(rewards)
         if reward is None:
             return None
-        return cls(reward, {name: e for name, by_task in dims.items() if (e := val_estimate(by_task)) is not None})
+        return cls(reward, {name: e for name, by_task in dimensions.items()
+                            if (e := val_estimate(by_task)) is not None})
 
     def text(self, note: str = "") -> str:
         """``0.680 ± 0.029 (256 tasks × 1){note}; tool_call 0.801 ± 0.025``"""
@@ -567,13 +574,11 @@ class GRPO(Algorithm):
         self._val_pending[version] = len(ids)
 
     def _val_done(self, driver: Driver, version: int) -> None:
-        est = val_estimate(self._val_rewards.get(version, {}))
-        if est is None:
+        measured = Validation.over_tasks(self._val_rewards.get(version, {}), self._val_dims.get(version, {}))
+        if measured is None:
             return
-        self.val_estimates[version] = est
-        dims = {name: e for name, by_task in self._val_dims.get(version, {}).items()
-                if (e := val_estimate(by_task)) is not None}
-        self.validations[version] = Validation(est, dims)
+        est = self.val_estimates[version] = measured.reward
+        self.validations[version] = measured
         best = best_version(self.val_estimates)
         note = " (best so far)" if best == version else ""
         driver.show(f"v{version}: validation reward {self.validations[version].text(note)}")
