@@ -231,9 +231,9 @@ def test_the_next_prompt_starts_with_the_previous_prompt_and_response() -> None:
     """The generic template renders a call exactly as the grammar makes the model write it. The byte tokenizer
     (the tiny policy) writes each text one way, so the next prompt holds the previous prompt and response, all but
     the final end-of-sequence token, which no plain-template turn contains. SmolLM2's template closes a turn with
-    <|im_end|>, while the model's end-of-sequence token is <|im_start|> (its GGUF's): the same, when the call was
-    sampled in the tokenizer's own split of the text (here it is; a grammar allows others, and SmolLM2 itself
-    samples another: test_smollm2s_sampled_call_and_the_next_prompt)."""
+    <|im_end|>, its end-of-sequence token (``trainer/tokenizer.py``), so the next prompt holds the whole response,
+    when the call was sampled in the tokenizer's own split of the text (here it is; a grammar allows others, and
+    SmolLM2 itself samples another: test_smollm2s_sampled_call_and_the_next_prompt)."""
     tiny = torch_backend(tiny_tools_engine(), "tiny")
     response = tiny.tokenizer.encode(GENERIC.write([CALL]), add_bos=False) + [tiny.tokenizer.eos_id]
     assert _next_prompt_extends(tiny, response) == (False, True)
@@ -242,7 +242,7 @@ def test_the_next_prompt_starts_with_the_previous_prompt_and_response() -> None:
     smol = HFTokenizer.from_pretrained(default_smollm2_cache())
     backend = EngineBackend(tiny.engine, smol, "smollm2")
     response = smol.encode(GENERIC.write([CALL]), add_bos=False) + [smol.eos_id]
-    assert _next_prompt_extends(backend, response) == (False, True)
+    assert _next_prompt_extends(backend, response) == (True, True)
 
 
 @pytest.mark.slow(enabled_by="LITSTREAM_SMOLLM2")
