@@ -88,8 +88,8 @@ class SchemaStore:
         """Add a writer schema (e.g. an older or newer version of a record); returns its fingerprint."""
         parsed = schema if isinstance(schema, dict) and "__fastavro_parsed" in schema else fastavro.parse_schema(schema)
         fp = fingerprint(parsed)
-        # A schema whose canonical form is already known (another version differing only in docs or defaults)
-        # keeps the first one: that is this code's reader, so its records decode without schema resolution.
+        # A canonical form already known (an earlier version left unchanged, or changed only in docs or defaults)
+        # keeps the schema registered first: this code's reader, so such records decode without resolution.
         self._by_fp.setdefault(fp, parsed)
         return fp
 
