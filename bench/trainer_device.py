@@ -5,11 +5,11 @@ blocks, on ``--device`` at ``--precision``, each checked against the CPU path in
     python -m bench.trainer_device --device cpu --model tiny --precision fp32 --steps 1   # what the tests run
 
 For each way of training (``top-blocks``: the model's default top blocks; ``lora``: rank ``--lora-rank``
-adapters), on one window of the weather example's calls (its prompts through the model's chat template with the
-tool offered, responses sampled by the CPU engine at the model's temperature, rewards alternating 0/1 within each
-group): the response log-probs on the device against the CPU's (max and mean absolute difference), the seconds and
-tokens per second of each step, the peak device memory, and the step statistics (ratio, clipped share, gradient
-norm). It writes the rows as JSON to ``--out``; docs/training.md records the figures of a GPU run.
+adapters), on one window of the weather example's questions (its prompts through the model's Hugging Face chat
+template, given the tool, which SmolLM2's leaves out; responses sampled by the CPU engine at the model's
+temperature; rewards alternating 0/1 within each group): the response log-probs on the device against the
+CPU's (max and mean absolute difference), the seconds and tokens per second of each step, the peak device memory,
+and the step statistics (ratio, clipped share, gradient norm). It writes the rows as JSON to ``--out``; docs/training.md records the figures of a GPU run.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ MODES = ("top-blocks", "lora")
 
 def window(model: str, groups: int, group_size: int, max_tokens: int, seed: int = 0) -> list[Sample]:
     """One window of the weather example's first calls, sampled on the CPU in float32."""
-    from examples import weather_agent as wa
+    from examples import weather_task as wa
 
     policy = build_policy(model, seed=0)  # type: ignore[arg-type]
     tok = policy.tokenizer

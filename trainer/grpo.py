@@ -132,7 +132,8 @@ def response_logprobs(model: Any, batch: TokenBatch, with_entropy: bool = False,
     B, kept, V = logits.shape
     offset = L - kept  # logits[:, i] are those of position offset + i
     R = batch.response_ids.shape[1]
-    pos = (batch.prompt_lens.unsqueeze(1) - 1 + torch.arange(R).unsqueeze(0)).clamp(max=L - 1) - offset  # [B, R]
+    steps = torch.arange(R, device=batch.prompt_lens.device).unsqueeze(0)  # on the batch's device, as every operand
+    pos = (batch.prompt_lens.unsqueeze(1) - 1 + steps).clamp(max=L - 1) - offset  # [B, R]
     picked = logits.gather(1, pos.unsqueeze(-1).expand(B, R, V)).float()  # [B, R, V]
     picked = _tempered(picked, temperature)
     if batch.allowed is not None:
