@@ -9,7 +9,8 @@ adapters), on one window of the weather example's questions (its prompts through
 template, given the tool, which SmolLM2's leaves out; responses sampled by the CPU engine at the model's
 temperature; rewards alternating 0/1 within each group): the response log-probs on the device against the
 CPU's (max and mean absolute difference), the seconds and tokens per second of each step, the peak device memory,
-and the step statistics (ratio, clipped share, gradient norm). It writes the rows as JSON to ``--out``; docs/training.md records the figures of a GPU run.
+and the step statistics (ratio, clipped share, gradient norm). It writes the rows as JSON to ``--out``;
+docs/training.md records the figures of a GPU run.
 """
 
 from __future__ import annotations

@@ -373,7 +373,6 @@ class GRPO(Algorithm):
         self.tag = uuid.uuid4().hex[:8]  # group ids of this run, distinct from any earlier run on the same topic
         self._idle_since: float | None = None  # waves: since when nothing was outstanding without a new version
         self.signals: list[WindowSignal] = []  # one per training window (the groups of one policy version)
-        self.val_estimates: dict[int, ValEstimate] = {}
         self.no_signal: str | None = None
         self.stopped: str | None = None  # why the run ended (budget, early stop, the user)
         self.best: dict[str, Any] | None = None
@@ -573,15 +572,20 @@ class GRPO(Algorithm):
         self.val_ids.update(ids)
         self._val_pending[version] = len(ids)
 
+    @property
+    def val_estimates(self) -> dict[int, ValEstimate]:
+        """Each validated version's reward estimate (kept once, in ``validations``)."""
+        return {v: m.reward for v, m in self.validations.items()}
+
     def _val_done(self, driver: Driver, version: int) -> None:
         measured = Validation.over_tasks(self._val_rewards.get(version, {}), self._val_dims.get(version, {}))
         if measured is None:
             return
-        est = self.val_estimates[version] = measured.reward
         self.validations[version] = measured
+        est = measured.reward
         best = best_version(self.val_estimates)
         note = " (best so far)" if best == version else ""
-        driver.show(f"v{version}: validation reward {self.validations[version].text(note)}")
+        driver.show(f"v{version}: validation reward {measured.text(note)}")
         warning = val_warning(est)
         if warning and not self._warned_val:
             self._warned_val = True
