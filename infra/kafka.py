@@ -295,8 +295,7 @@ def offsets_at(settings: Settings, topic: str, when: float) -> dict[int, int]:
     c = consumer(settings, group_id=f"{topic}-times")
     try:
         found = c.offsets_for_times([TopicPartition(topic, p, after_ms) for p in partitions], timeout=30)
-        return {tp.partition: (tp.offset if tp.offset >= 0 else c.get_watermark_offsets(tp, timeout=30)[1])
-                for tp in found}
+        return {tp.partition: (tp.offset if tp.offset >= 0 else high_watermark(c, tp)) for tp in found}
     finally:
         c.close()
 
@@ -339,6 +338,26 @@ def end_offsets(settings: Settings, topic: str, partitions: list[int]) -> dict[i
     """The next offset each partition will be written at (its high-water mark)."""
     c = consumer(settings, group_id=f"{topic}-ends")
     try:
-        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions}
+        return {p: high_watermark(c, TopicPartition(topic, p)) for p in partitions}
     finally:
         c.close()
+
+
+# Errors a metadata read meets while a partition's leadership moves: asked again, not raised.
+LEADERSHIP_MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                               KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TRANSPORT})
+
+
+def high_watermark(c: _Consumer, tp: TopicPartition, timeout: float = 30.0) -> int:
+    """The partition's high-water mark. A retriable error (a topic just made, whose leader is still being elected;
+    a broker failing over) is asked again until ``timeout`` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return int(c.get_watermark_offsets(tp, timeout=max(0.1, deadline - time.monotonic()))[1])
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            moving = isinstance(err, KafkaError) and (err.retriable() or err.code() in LEADERSHIP_MOVING)
+            if not moving or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)

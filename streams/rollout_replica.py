@@ -16,8 +16,8 @@ snapshots, the offers and the timers. The replica answers its own writers and se
 Either way every event is folded once, in the log's order, so the replica's state is what replay computes, and a
 writer's answer (a claim won or lost, the sequence ids reserved) is the one the processor reaches.
 
-A replica given ``keep_finished`` (the runner's, the store's, the policy server's) keeps only the newest
-``keep_finished`` finished rollouts (succeeded, failed, cancelled) besides every unfinished one, so its memory is
+A replica given ``keep_finished`` (the runner's, the store's, the policy server's) keeps only the
+``keep_finished`` finished rollouts that finished last (succeeded, failed, cancelled) besides every unfinished one, so its memory is
 bounded by the work in hand; the store reads the others from ClickHouse (``rollout_archive``). It counts what it
 let go of (``let_go``, ``let_go_attempts``), so totals stay exact. A finished rollout can be reopened (the reference's
 ``update_rollout``, ``update_attempt`` and ``start_attempt``, through the Store API or ``/v1/agl``) and so be on
@@ -30,6 +30,7 @@ When an event a writer here waits for puts its rollout back on offer (a requeue 
 
 from __future__ import annotations
 
+import heapq
 import logging
 import time
 from collections import OrderedDict
@@ -67,6 +68,35 @@ class Folded(NamedTuple):
     reason: str | None
 
 
+class NewestFinished:
+    """Which finished rollouts a bounded replica holds: the ``keep`` that finished last, by the finishing event's
+    time, then id. A min-heap over (time, id), so the held set is the same whatever order the partitions are read
+    in (a replica catching up reads them one after another)."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self._held: dict[str, int] = {}  # rollout id -> finish time
+        self._order: list[tuple[int, str]] = []  # (finish time, id); entries of reopened rollouts go stale
+
+    def hold(self, rollout_id: str, finished_ns: int | None) -> list[str]:
+        """Note a rollout's state (``finished_ns`` None: not finished, any more) and return the ids to let go of."""
+        if finished_ns is None:
+            self._held.pop(rollout_id, None)
+            return []
+        self._held[rollout_id] = finished_ns
+        heapq.heappush(self._order, (finished_ns, rollout_id))
+        gone: list[str] = []
+        while len(self._held) > self.keep:
+            ns, oldest = heapq.heappop(self._order)
+            if self._held.get(oldest) == ns:
+                del self._held[oldest]
+                gone.append(oldest)
+        if len(self._order) > 2 * len(self._held) + 64:  # drop the stale entries
+            self._order = [(ns, rid) for ns, rid in self._order if self._held.get(rid) == ns]
+            heapq.heapify(self._order)
+        return gone
+
+
 class RolloutReplica(TopicFollower):
     """Every rollout's state and snapshot, folded from ``rollout-events``; answers the events this process
     writes (:meth:`expect`, then :meth:`acknowledged` from the delivery report)."""
@@ -74,7 +104,7 @@ class RolloutReplica(TopicFollower):
     def __init__(self, settings: Settings, codec: Codec, keep_finished: int | None = None) -> None:
         self.states: dict[str, RolloutState] = {}
         self.keep_finished = keep_finished
-        self._finished: OrderedDict[str, None] = OrderedDict()  # with ``keep_finished``: oldest first
+        self._finished = NewestFinished(keep_finished or 0)
         self._absent: OrderedDict[str, None] = OrderedDict()  # recalled in vain (``_recall``)
         self.let_go = 0  # rollouts let go of (finished, beyond ``keep_finished``), their attempts and statuses
         self.let_go_attempts = 0
@@ -178,7 +208,7 @@ class RolloutReplica(TopicFollower):
             snap = out.state.snapshot(event.meta, out.accepted, out.reason, out.reserved)
             self.snapshots[rid] = snap
             if self.keep_finished is not None:
-                self._keep(rid, out.state.status in FINISHED)
+                self._keep(rid, out.state.updated_ns if out.state.status in FINISHED else None)
         done = Folded(before, out.state, snap, out.accepted, out.reason)
         if out.accepted:
             for listener in self._on_fold:
@@ -192,16 +222,10 @@ class RolloutReplica(TopicFollower):
                     tell(event, out.state, out.offer.attempt_sequence, partition)
         self._answer(event, done)
 
-    def _keep(self, rollout_id: str, finished: bool) -> None:
-        """Keep at most ``keep_finished`` finished rollouts: the oldest to finish are let go of (recalled if an
-        event comes for one later). One that is not finished (any more) is kept whatever its age."""
-        if not finished:
-            self._finished.pop(rollout_id, None)
-            return
-        self._finished[rollout_id] = None
-        self._finished.move_to_end(rollout_id)
-        while len(self._finished) > (self.keep_finished or 0):
-            old, _ = self._finished.popitem(last=False)
+    def _keep(self, rollout_id: str, finished_ns: int | None) -> None:
+        """Keep at most ``keep_finished`` finished rollouts (:class:`NewestFinished`); the others are let go of
+        (recalled if an event comes for one later)."""
+        for old in self._finished.hold(rollout_id, finished_ns):
             gone = self.states.pop(old, None)
             self.snapshots.pop(old, None)
             if gone is not None:

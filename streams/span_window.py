@@ -20,7 +20,7 @@ from typing import Any
 
 from confluent_kafka import TopicPartition
 
-from litstream.infra.kafka import topic_ends
+from litstream.infra.kafka import high_watermark, topic_ends
 from litstream.infra.settings import Settings
 from litstream.infra.topics import Topics
 from litstream.schemas.codec import Codec, DecodeError
@@ -49,8 +49,7 @@ class SpanWindow(TopicFollower):
         replica.on_enqueued(self._enqueued)
 
     def start_offsets(self, partitions: list[int]) -> dict[int, int]:
-        ends = {p: self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)[1]
-                for p in partitions}
+        ends = {p: high_watermark(self._consumer, TopicPartition(self.topic, p), timeout=10) for p in partitions}
         self._read = dict(ends)
         return ends
 

@@ -4,11 +4,36 @@ it let go of when an update reopens it, so it answers that rollout's claims as t
 from __future__ import annotations
 
 import asyncio
+import random
 
 from litstream.infra.settings import Settings
 from litstream.schemas.models import FINISHED
-from litstream.streams.rollout_replica import RolloutReplica
+from litstream.streams.rollout_replica import NewestFinished, RolloutReplica
 from litstream.workers.store import LitStore
+
+
+def test_the_finished_rollouts_held_are_the_last_to_finish_whatever_order_they_are_folded_in() -> None:
+    """Two partitions read one after the other fold finishes out of time order: the held set is still the ``keep``
+    latest by finish time (then id), a reopened rollout is held whatever its age, and one finished again counts
+    from its new time."""
+    finishes = {f"r{n}": 1_000 + 10 * n for n in range(20)}
+    for seed in range(20):
+        order = list(finishes.items())
+        random.Random(seed).shuffle(order)
+        window, gone = NewestFinished(keep=3), set()
+        for rid, ns in order:
+            gone.update(window.hold(rid, ns))
+        assert sorted(set(finishes) - gone) == ["r17", "r18", "r19"] and len(gone) == 17
+
+    window = NewestFinished(keep=2)
+    assert window.hold("a", 10) == [] and window.hold("b", 20) == []
+    assert window.hold("a", None) == []  # reopened: no longer among the finished
+    assert window.hold("c", 30) == [] and window.hold("d", 40) == ["b"]
+    assert window.hold("a", 50) == ["c"]  # finished again, later than c
+    assert window.hold("e", 40) == ["d"]  # a tie in time: the smaller id goes first
+    for n in range(500):  # reopened and finished again often: its stale entries are dropped, the rest stays right
+        assert window.hold("a", None) == [] and window.hold("a", 60 + n) == []
+    assert window.hold("f", 10_000) == ["e"] and window.hold("g", 10_001) == ["a"]
 
 
 def test_a_bounded_replica_recalls_a_finished_rollout_an_update_reopens(settings: Settings) -> None:
