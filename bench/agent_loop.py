@@ -68,8 +68,9 @@ def _cpu_rows(sizes: Sizes, result: dict[str, Any], groups: dict[str, str]) -> l
     for w in sizes.workers:
         spent = result["runs"][str(w)].get("cpu_ms_per_rollout", {})
         for side, parts in groups.items():
-            if all(p in spent for p in parts.split("+")):
-                ms = sum(spent[p] for p in parts.split("+"))
+            added, _, taken = parts.partition("-")  # "a+b-c": a and b, less c (a part of them)
+            if all(p in spent for p in added.split("+")):
+                ms = sum(spent[p] for p in added.split("+")) - (spent.get(taken, 0.0) if taken else 0.0)
                 rows.append(Row(cpu_label(side, w), value=ms, note=f"CPU-ms per rollout ({parts})"))
     return rows
 
@@ -118,6 +119,7 @@ def run(ctx: Context) -> Report:
     else:
         rows += _rows(LIT, sizes, lit)
         rows += _cpu_rows(sizes, lit, {"litstream": "stack+broker", "litstream without the broker": "stack"})
+        rows += _cpu_rows(sizes, lit, {"litstream, the broker's JIT compiler apart": "stack+broker-broker jit"})
         rows.append(Row("litstream agent loop: where the CPU went", note=cpu_note))
         params["litstream"] = lit["runs"]
         params["litstream_cpu_note"] = cpu_note

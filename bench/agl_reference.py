@@ -62,10 +62,11 @@ litstream. It reads its config as one JSON object on stdin and prints one JSON l
   `warmup` rollouts go through the same loop first, untimed, with the most agents (0: none). `cpu_pids`
   ({group: [pid, ...]}, given with `url`) names the server's processes; without `url`, the reference server's
   own. Each run reports the CPU (user + system) that each group's processes and all their descendants spent on
-  it, per rollout.
+  it, per rollout, and apart (``"<group> jit"``, included in the group's figure) what a JVM's JIT compiler
+  threads among them spent: the warm-up of a fresh broker.
 
   -> {..., "runs": {"16": {"wall_s", "rollouts", "empty_dequeues", "calls": {kind: {"n", "p50_ms", "p90_ms",
-      "p99_ms"}}, "cpu_ms_per_rollout": {group: ms}}}}
+      "p99_ms"}}, "cpu_ms_per_rollout": {group: ms, "<group> jit": ms}}}}
 
 * "adapter": TracerTraceToTriplet().adapt over traces given as span dicts, only the adapt calls timed:
 
@@ -648,6 +649,27 @@ def tree_cpu_s(pids: list[int]) -> float:
     return sum(cpu for pid, _, cpu in stats if pid in seen) / _clock_ticks()
 
 
+JIT_THREADS = ("C1 CompilerThre", "C2 CompilerThre")  # HotSpot's compiler threads, as /proc shortens their names
+
+
+def jit_cpu_s(pids: list[int]) -> float:
+    """CPU seconds spent so far by the JIT compiler threads of these processes and their descendants: the warm-up
+    of a fresh JVM (the broker's), which a long-running one has behind it."""
+    from pathlib import Path
+
+    ticks = 0
+    for pid in _tree(pids, _proc_stats()):
+        for path in Path(f"/proc/{pid}/task").glob("[0-9]*/stat"):
+            try:
+                text = path.read_text()
+            except OSError:
+                continue
+            if text[text.index("(") + 1:text.rindex(")")].startswith(JIT_THREADS):
+                fields = text[text.rindex(")") + 2:].split()
+                ticks += int(fields[11]) + int(fields[12])
+    return ticks / _clock_ticks()
+
+
 def _tree(pids: list[int], stats: list[tuple[int, int, int]]) -> set[int]:
     """These processes and their descendants, from ``_proc_stats``'s parent links."""
     children: dict[int, list[int]] = {}
@@ -693,9 +715,13 @@ async def agent_loop(cfg: dict[str, Any]) -> dict[str, Any]:
         runs = {}
         for w in cfg["workers"]:
             before = {group: tree_cpu_s(pids) for group, pids in cpu_pids.items()}
+            jit_before = {group: jit_cpu_s(pids) for group, pids in cpu_pids.items()}
             run = await agent_loop_run(url, cfg, w)
             run["cpu_ms_per_rollout"] = {group: (tree_cpu_s(pids) - before[group]) * 1000 / run["rollouts"]
                                          for group, pids in cpu_pids.items()}
+            for group, pids in cpu_pids.items():  # a JVM's JIT compiler threads, counted above, also apart
+                if (jit := jit_cpu_s(pids) - jit_before[group]) > 0:
+                    run["cpu_ms_per_rollout"][f"{group} jit"] = jit * 1000 / run["rollouts"]
             run["calls"].update(await query_timings(url, run.pop("ids")))  # after the CPU count: reads, not the loop
             runs[str(w)] = run
     finally:

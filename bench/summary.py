@@ -47,6 +47,8 @@ FIGURES: tuple[Figure, ...] = (
              f"{AGL} agent loop CPU-ms per rollout, {agents}", max_ratio=most)
       for agents in ("16 agents", "1 agent")
       for side, which, most in (("litstream", ", every process (broker's JVM included)", 1.5),
+                                ("litstream, the broker's JIT compiler apart",
+                                 ", every process, less a fresh broker's JIT compiling", 1.5),
                                 ("litstream without the broker", " without the broker", 1.0))),
     Figure("rollout cycles, 64 in flight (cycles/s)", "litstream cycles, 64 calls", f"{AGL} InMemory cycles, 64",
            min_rate=2_000),

@@ -2,7 +2,9 @@
 
 For each event on ``rollout-events``: decode, apply the pure fold, store the new state in the table (its changelog
 makes it durable), publish the snapshot on ``rollout-state`` and, when the rollout goes on offer, an offer on
-``rollout-offers``. Undecodable or rejected events go to ``rollout-events.dlq`` with the reason.
+``rollout-offers``. Undecodable or rejected events go to ``rollout-events.dlq`` with the reason. The snapshot of an
+accepted reservation of span sequence ids is held until the next commit, and a later one of the rollout replaces
+it: an agent reserves once per span, and nothing else changes.
 
 At-least-once: a redelivered event is recognised by the fold (per-producer sequence) and changes nothing
 (docs/guarantees.md, "Exactly-once for the lifecycle processor, measured").
@@ -39,6 +41,7 @@ from litstream.schemas.events import (
     AttemptStatusChanged,
     EventFactory,
     RolloutOffered,
+    RolloutSnapshot,
     SequenceRequested,
 )
 from litstream.schemas.models import FINISHED, RUNNING
@@ -141,6 +144,10 @@ class LifecycleProcessor:
         self._refired_at = time.monotonic()
         self._ready_told = False
         self._offered = False  # an offer was produced since the last send_now
+        # A reservation of span sequence ids changes nothing a reader of ``rollout-state`` waits for (its caller
+        # is answered by its own replica of the fold), and an attempt makes one per span: its snapshot is held
+        # until the next commit, and dropped if a later snapshot of the rollout goes first.
+        self._held_snapshots: dict[str, RolloutSnapshot] = {}
         # The newest state of the rollouts this worker folded lately, as objects: reading the table would decode
         # JSON and validate it again for every event. Valid while the partitions stay here: cleared whenever they
         # move, since another worker may change a rollout meanwhile.
@@ -255,7 +262,7 @@ class LifecycleProcessor:
             failpoint("lifecycle.after-table-write")  # fault tests: die with the change in the table, not on Kafka
             self._arm(rid, new, partition)
             snapshot = new.snapshot(event.meta, outcome.accepted, outcome.reason, outcome.reserved)
-            self._output(self.topics.state, rid, snapshot)
+            self._publish_state(rid, snapshot, hold=outcome.accepted and isinstance(event, SequenceRequested))
         if not outcome.accepted:
             await self._dead_letter(dead(outcome.reason or "rejected", "rejected"))
             return
@@ -279,7 +286,7 @@ class LifecycleProcessor:
         if state.updated_ns == event.meta.timestamp_ns:
             reserved = state.next_sequence_id - event.count if isinstance(event, SequenceRequested) else None
             snapshot = state.snapshot(event.meta, True, None, reserved)
-            self._output(self.topics.state, state.rollout_id, snapshot)
+            self._publish_state(state.rollout_id, snapshot, hold=reserved is not None)
 
     def _offer(self, state: RolloutState, attempt_sequence: int) -> RolloutOffered:
         """The offer of ``state``'s next attempt, from values the fold holds (validated again by pydantic-core,
@@ -296,8 +303,24 @@ class LifecycleProcessor:
     def _output(self, topic: str, key: str, record: Any) -> None:
         self.outputs.produce_raw(topic, key.encode(), self.codec.encode(record))
 
+    def _publish_state(self, rid: str, snapshot: RolloutSnapshot, hold: bool) -> None:
+        """Send ``snapshot`` on ``rollout-state``, or, ``hold``, keep it until the next commit: a snapshot of the
+        rollout sent before then supersedes it (it carries the whole newer state)."""
+        if hold:
+            self._held_snapshots[rid] = snapshot
+            return
+        self._held_snapshots.pop(rid, None)
+        self._output(self.topics.state, rid, snapshot)
+
+    def _send_held_snapshots(self) -> None:
+        held, self._held_snapshots = self._held_snapshots, {}
+        for rid, snapshot in held.items():
+            self._output(self.topics.state, rid, snapshot)
+
     async def _flush_outputs(self) -> None:
-        """Every output sent (raises if one was refused: the commit must not pass it)."""
+        """Every output sent, the held snapshots included (raises if one was refused: the commit must not pass
+        it)."""
+        self._send_held_snapshots()
         await asyncio.to_thread(self.outputs.flush, None)  # an overloaded broker costs time, not a crash
 
     def _load(self, rid: str) -> RolloutState | None:
@@ -327,6 +350,7 @@ class LifecycleProcessor:
 
     async def _forget_states(self, *_args: Any, **_kwargs: Any) -> None:
         self._states.clear()
+        self._send_held_snapshots()  # the partitions may move: their snapshots go out with this owner's commit
 
     # -- timers: timeout and unresponsive, on this processor's clock --------------------------------------------
 

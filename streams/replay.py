@@ -26,7 +26,7 @@ from .state import RolloutState
 from .stateview import StateView
 
 # Fields that say which event a snapshot followed, not what the state is.
-OUTCOME_FIELDS = {"last_event_id", "last_producer_id", "last_producer_seq", "last_accepted", "last_reason"}
+OUTCOME_FIELDS = {"last_event_id", "last_producer_id", "last_producer_seq", "last_accepted", "last_reason", "last_reserved"}
 
 
 @dataclass(frozen=True)

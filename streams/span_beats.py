@@ -83,6 +83,12 @@ class SpanBeats:
         with self._lock:
             return any(beat.pending for beat in self._beats.values())
 
+    def held_max_sequence_id(self, rollout_id: str, attempt_id: str) -> int | None:
+        """The highest sequence id among the attempt's spans that no beat covered yet (None: none, or none known)."""
+        with self._lock:
+            beat = self._beats.get((rollout_id, attempt_id))
+            return beat.max_sequence_id if beat is not None and beat.pending else None
+
     def due_for(self, rollout_id: str, attempt_id: str, urgent: bool = False) -> Beat | None:
         """:meth:`due` for one attempt only (a writer that beats right after its own spans)."""
         now = self._clock()

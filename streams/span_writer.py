@@ -35,8 +35,8 @@ def span_beat_urgent(snap: RolloutSnapshot | None, attempt_id: str) -> bool:
     """Whether spans just written need their ``AttemptHeartbeat`` now rather than within the throttle's second
     (``span_beats``), because it changes what readers see (pure): the attempt is not running yet (the beat starts
     or revives it). A beat that only moves the counter past ids the spans chose themselves waits: it goes out
-    before this store's next reservation of ids for the attempt (:meth:`SpanWriter.before_reserving`), or within
-    the second."""
+    before this store's next reservation of ids for the attempt when the counter is not past them
+    (:meth:`SpanWriter.before_reserving`), or within the second."""
     attempt = None if snap is None else next((a for a in snap.attempts if a.attempt_id == attempt_id), None)
     return attempt is None or attempt.status != "running"
 
@@ -175,9 +175,16 @@ class SpanWriter:
             self._span_keys.popitem(last=False)
 
     def before_reserving(self, attempts: Sequence[tuple[str, str]]) -> None:
-        """Send the beats held back for these attempts before ids are reserved for them: produced first to the
-        same partition, they are folded first, so the reservation starts past every id their spans used."""
+        """Send the beats held back for these attempts whose spans used ids the rollout's counter is not past (ids
+        the spans chose themselves) before ids are reserved for them: produced first to the same partition, they
+        are folded first, so the reservation starts past every id their spans used. Spans that used reserved ids
+        leave the counter past them already (this store's replica folded those reservations): their beat keeps its
+        throttle, so an agent that reserves an id per span adds no event per span."""
         for rid, aid in attempts:
+            held = self._span_beats.held_max_sequence_id(rid, aid)
+            snap = self.rollouts.snapshots.get(rid)
+            if held is None or (snap is not None and held < snap.next_sequence_id):
+                continue
             if (due := self._span_beats.due_for(rid, aid, urgent=True)) is not None:
                 self._send_beat(rid, aid, due.max_sequence_id)
 

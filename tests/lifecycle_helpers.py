@@ -12,6 +12,7 @@ from litstream.schemas.events import (
     AttemptStarted,
     AttemptStatusChanged,
     RolloutSnapshot,
+    SequenceRequested,
 )
 from litstream.schemas.models import RolloutConfig
 from litstream.streams.stateview import StateView
@@ -41,6 +42,13 @@ class Driver:
     def beat(self, rid: str, attempt_id: str) -> None:
         self.events.send(self.events.topics.rollout_events, AttemptHeartbeat(
             meta=self.events.factory.meta(rid), attempt_id=attempt_id, time=time.time()))
+        self.events.flush()
+
+    def reserve(self, rid: str, attempt_id: str, times: int) -> None:
+        """``times`` reservations of one span sequence id each, as an agent makes one per span."""
+        for _ in range(times):
+            self.events.send(self.events.topics.rollout_events, SequenceRequested(
+                meta=self.events.factory.meta(rid), attempt_id=attempt_id, count=1))
         self.events.flush()
 
     def finish(self, rid: str, attempt_id: str, status: str) -> None:

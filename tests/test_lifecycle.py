@@ -18,7 +18,7 @@ from litstream.infra import health
 from litstream.infra.kafka import headers_dict, read_to_end
 from litstream.infra.settings import Settings
 from litstream.schemas.codec import Codec
-from litstream.schemas.events import RolloutOffered
+from litstream.schemas.events import RolloutOffered, RolloutSnapshot
 from litstream.schemas.models import FINISHED
 from litstream.streams.replay import verify
 from tests.lifecycle_helpers import Driver
@@ -86,6 +86,29 @@ def test_a_losing_claim_is_told_and_dead_lettered(settings: Settings, lifecycle:
     until("the rejected claim's dead letter",
           lambda: any(headers_dict(m)["litstream.dlq.error_type"] == b"rejected"
                       for m in read_to_end(settings, f"{settings.topic_prefix}.rollout-events.dlq")), timeout=60)
+
+
+def test_a_run_of_reservations_leaves_the_newest_state_on_rollout_state_not_a_snapshot_each(
+        settings: Settings, lifecycle: tuple[Stack, Driver]) -> None:
+    """An agent reserves a span sequence id per span. The caller's answer comes from its own replica of the fold, so
+    the processor holds a reservation's snapshot until its next commit, replaced by any later one of the rollout:
+    the rollout-state topic still ends with the rollout's whole state, in far fewer records."""
+    _, d = lifecycle
+    held, finished = d.enqueue(), d.enqueue()
+    for rid in (held, finished):
+        d.claim(rid, 1, f"at-{rid}")
+        d.reserve(rid, f"at-{rid}", 10)
+    d.finish(finished, f"at-{finished}", "succeeded")
+    assert d.wait(held, lambda s: s.next_sequence_id == 11).status == "preparing"  # by the commit, with nothing after
+    assert d.wait(finished, lambda s: s.status == "succeeded").next_sequence_id == 11
+    codec = Codec()
+    snaps = [codec.decode_as(m.value(), RolloutSnapshot)
+             for m in read_to_end(settings, f"{settings.topic_prefix}.rollout-state")]
+    for rid in (held, finished):
+        reservations = [s for s in snaps if s.rollout_id == rid and s.last_reserved is not None]
+        assert 1 <= len(reservations) < 10 if rid == held else len(reservations) < 10
+    result, differences = verify(settings, wait_s=30)
+    assert differences == [] and result.by_status() == {"preparing": 1, "succeeded": 1}
 
 
 def test_replay_equals_live_state(settings: Settings, lifecycle: tuple[Stack, Driver]) -> None:

@@ -324,3 +324,37 @@ def test_ids_spans_chose_themselves_are_never_handed_out_again(pipeline: Setting
             await store.close()
 
     run(scenario())
+
+
+def test_an_agent_reserving_an_id_per_span_adds_no_heartbeat_per_span(pipeline: Settings) -> None:
+    """The stock client's loop: an id reserved, then its span, ten times. The spans used reserved ids, which the
+    rollout's counter is past already, so no beat has to go before each reservation: beats keep their throttle
+    (one a second), and the log holds about one per attempt, not one per span."""
+    from litstream.infra.kafka import read_to_end
+    from litstream.schemas.codec import Codec
+    from litstream.schemas.events import AttemptHeartbeat
+    from litstream.streams.span_beats import SPAN_HEARTBEAT_EVERY_S
+
+    async def scenario() -> tuple[str, float]:
+        store = LitStore(pipeline)
+        try:
+            await store.wait_until_ready()
+            ro = await store.start_rollout({"q": 1})
+            aid = ro.attempt.attempt_id
+            began = time.monotonic()
+            for _ in range(10):
+                seq = await store.get_next_span_sequence_id(ro.rollout_id, aid)
+                await store.add_span(make_span(ro.rollout_id, aid, seq))
+            took = time.monotonic() - began
+            await store.update_attempt(ro.rollout_id, aid, status="succeeded")
+            return ro.rollout_id, took
+        finally:
+            await store.close()
+
+    rid, took = run(scenario())
+    codec = Codec()
+    events = [codec.decode(m.value()) for m in read_to_end(pipeline, f"{pipeline.topic_prefix}.rollout-events")]
+    beats = [e for e in events if isinstance(e, AttemptHeartbeat) and e.rollout_id == rid]
+    # the first span's beat starts the attempt; then one a second at most, and the last before the attempt ends
+    assert 1 <= len(beats) <= 2 + int(took / SPAN_HEARTBEAT_EVERY_S)
+    assert max(b.max_sequence_id or 0 for b in beats) == 10
