@@ -17,9 +17,9 @@ Either way every event is folded once, in the log's order, so the replica's stat
 writer's answer (a claim won or lost, the sequence ids reserved) is the one the processor reaches.
 
 A replica given ``keep_finished`` (the runner's, the store's, the policy server's) keeps only the
-``keep_finished`` finished rollouts that finished last (succeeded, failed, cancelled) besides every unfinished one, so its memory is
-bounded by the work in hand; the store reads the others from ClickHouse (``rollout_archive``). It counts what it
-let go of (``let_go``, ``let_go_attempts``), so totals stay exact. A finished rollout can be reopened (the reference's
+``keep_finished`` finished rollouts (succeeded, failed, cancelled) changed last, besides every unfinished one, so
+its memory is bounded by the work in hand; the store reads the others from ClickHouse (``rollout_archive``). It
+counts what it let go of (``let_go``, ``let_go_attempts``), so totals stay exact. A finished rollout can be reopened (the reference's
 ``update_rollout``, ``update_attempt`` and ``start_attempt``, through the Store API or ``/v1/agl``) and so be on
 offer again: a later event of a rollout it let go of makes the replica fold that rollout again from its partition,
 up to the event (:meth:`RolloutReplica._recall`), so its answer to a claim is the processor's.
@@ -69,9 +69,9 @@ class Folded(NamedTuple):
 
 
 class NewestFinished:
-    """Which finished rollouts a bounded replica holds: the ``keep`` that finished last, by the finishing event's
-    time, then id. A min-heap over (time, id), so the held set is the same whatever order the partitions are read
-    in (a replica catching up reads them one after another)."""
+    """Which finished rollouts a bounded replica holds: the ``keep`` changed last, by their last event's time
+    (``updated_ns``, what the archive's ``LetGo`` reads), then id. A min-heap over (time, id), so the held set is
+    the same whatever order the partitions are read in (a replica catching up reads them one after another)."""
 
     def __init__(self, keep: int) -> None:
         self.keep = keep
@@ -79,7 +79,7 @@ class NewestFinished:
         self._order: list[tuple[int, str]] = []  # (finish time, id); entries of reopened rollouts go stale
 
     def hold(self, rollout_id: str, finished_ns: int | None) -> list[str]:
-        """Note a rollout's state (``finished_ns`` None: not finished, any more) and return the ids to let go of."""
+        """Note a rollout's last change (``finished_ns`` None: not finished, any more); the ids to let go of."""
         if finished_ns is None:
             self._held.pop(rollout_id, None)
             return []
