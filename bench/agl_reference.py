@@ -665,8 +665,7 @@ def jit_cpu_s(pids: list[int]) -> float:
             except OSError:
                 continue
             if text[text.index("(") + 1:text.rindex(")")].startswith(JIT_THREADS):
-                fields = text[text.rindex(")") + 2:].split()
-                ticks += int(fields[11]) + int(fields[12])
+                ticks += _cpu_ticks(_stat_fields(text))
     return ticks / _clock_ticks()
 
 
@@ -695,9 +694,19 @@ def _proc_stats() -> list[tuple[int, int, int]]:
             text = path.read_text()
         except OSError:  # gone meanwhile
             continue
-        fields = text[text.rindex(")") + 2:].split()  # after the command name, which may hold spaces
-        out.append((int(path.parent.name), int(fields[1]), int(fields[11]) + int(fields[12])))
+        fields = _stat_fields(text)
+        out.append((int(path.parent.name), int(fields[1]), _cpu_ticks(fields)))
     return out
+
+
+def _stat_fields(text: str) -> list[str]:
+    """The fields of a /proc stat line after the command name (which may hold spaces), the state first."""
+    return text[text.rindex(")") + 2:].split()
+
+
+def _cpu_ticks(fields: list[str]) -> int:
+    """utime + stime, in clock ticks, of :func:`_stat_fields`."""
+    return int(fields[11]) + int(fields[12])
 
 
 def _clock_ticks() -> int:
