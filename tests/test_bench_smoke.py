@@ -93,6 +93,8 @@ def test_lifecycle_benchmarks_quick(tmp_path: Path) -> None:
     assert len(late["fired"]) == len(late["visible"]) == timers["params"]["m"]
     summary = timers["params"]["summary_ms"]["litstream timeout visible (LitStore view)"]
     assert 0 <= summary["p50_ms"] <= summary["p99_ms"] <= summary["max_ms"]
+    visible = {row["what"]: row for row in timers["rows"]}["litstream timeout visible (LitStore view)"]
+    assert visible["value"] == summary["p99_ms"]  # the summary's timer row
 
     replay = {row["what"]: row for row in docs["replay_rate"]["rows"]}
     for what in ("litstream replay (read rollout-events + decode + fold)", "litstream decode + fold, in memory",
@@ -209,3 +211,16 @@ def test_growth_tiny(tmp_path: Path) -> None:
     assert {"broker", "lifecycle", "span-sink", "gateway"} <= set(ours[0]["rss_mib"])
     assert ours[0]["reads"]["query_spans"]["n"] == 20 and "reads" in ours[3]
     assert len(doc["sides"]) == 2 and "| litstream: rollouts/s |" in doc["markdown"]
+
+
+def test_the_summary_holds_the_timer_to_its_bound_in_ms() -> None:
+    """The timer row: litstream's p99 past the deadline against an absolute bound, the reference's beside it."""
+    from bench.harness import Report, Row
+    from bench.summary import summary
+
+    rows = [Row("litstream timeout visible (LitStore view)", value=35.0),
+            Row("agentlightning 0.3.0 InMemory, scan_debounce_seconds=0", value=64.0)]
+    (line,) = summary({"timer_latency": Report(rows)})
+    assert (line.litstream, line.reference, line.target, line.met) == (35.0, 64.0, "<= 50 ms", True)
+    (late,) = summary({"timer_latency": Report([Row("litstream timeout visible (LitStore view)", value=51.0)])})
+    assert (late.reference, late.met) == (None, False)
