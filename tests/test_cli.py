@@ -41,6 +41,7 @@ def test_version() -> None:
     assert out.returncode == 0 and out.stdout.startswith("litstream, version ")
 
 
+@pytest.mark.slow(enabled_by="LITSTREAM_LONG_RUNS")  # a minute or more; CI runs it (.ci/run)
 @pytest.mark.timeout(600)
 def test_the_closed_loop_publishes_versions_that_reach_spans_and_triplets(tmp_path: Path) -> None:
     """A short closed loop with the tiny policy: each trained version is published as a resources event, the

@@ -98,6 +98,7 @@ def test_a_trainer_restored_from_a_checkpoint_serves_its_weights_as_the_next_ver
         trainer.events.close()
 
 
+@pytest.mark.slow(enabled_by="LITSTREAM_LONG_RUNS")  # a minute or more; CI runs it (.ci/run)
 @pytest.mark.timeout(900)
 def test_a_run_out_of_band_falls_back_to_its_best_version_and_then_stops(tmp_path: Path) -> None:
     """Bands no step can meet (entropy above half the first step's): after two steps the run falls back to v0,

@@ -386,6 +386,7 @@ def user_stack(tmp_path: Path) -> Iterator[UserStack]:
         stack.close()
 
 
+@pytest.mark.slow(enabled_by="LITSTREAM_LONG_RUNS")  # a minute or more; CI runs it (.ci/run)
 def test_a_stack_stopped_by_ctrl_c_or_killed_comes_back_with_everything(user_stack: UserStack) -> None:
     stack = user_stack
     stack.start()

@@ -163,6 +163,7 @@ def _served(settings: Settings) -> dict[tuple[str, int, int], tuple[bytes | None
             for t in names for m in read_to_end(settings, t, timeout=60)}
 
 
+@pytest.mark.slow(enabled_by="LITSTREAM_LONG_RUNS")  # a minute or more; CI runs it (.ci/run)
 def test_the_broker_killed_mid_run_and_restarted_loses_no_acknowledged_record(tmp_path: Path) -> None:
     """SIGKILL of the broker alone while rollouts are in flight, and a restart on the same log dir: every
     client (processors, runner, this test's producer and view) reconnects by itself, every record served

@@ -120,6 +120,7 @@ def test_fit_makes_n_times_group_size_training_rollouts_and_validates_each_versi
         {f"v{v}": r for v, r in summary.val_reward_by_version.items()})
 
 
+@pytest.mark.slow(enabled_by="LITSTREAM_LONG_RUNS")  # a minute or more; CI runs it (.ci/run)
 @pytest.mark.timeout(900)
 def test_a_warm_start_fine_tunes_version_0_on_an_earlier_runs_best_trajectories(
         grpo_run: tuple[Settings, GRPO, FitSummary]) -> None:
@@ -423,6 +424,7 @@ def test_prompt_search_keeps_the_template_with_the_best_validation_reward_and_pu
     assert summary.rollouts == 3 * len(VAL_TASKS) + len(TASKS) and summary.failed == 0
 
 
+@pytest.mark.slow(enabled_by="LITSTREAM_LONG_RUNS")  # a minute or more; CI runs it (.ci/run)
 @pytest.mark.timeout(600)
 def test_litstream_train_runs_prompt_search_with_the_policy_endpoint_as_its_critic(tmp_path: Path) -> None:
     """`litstream train --algorithm prompt-search --critic-url policy`: the run's own policy server, over the

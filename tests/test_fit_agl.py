@@ -84,6 +84,7 @@ def _triplets_of(settings: Settings, rollouts: int) -> list[TripletEmitted]:
     return triplets
 
 
+@pytest.mark.slow(enabled_by="LITSTREAM_LONG_RUNS")  # a minute or more; CI runs it (.ci/run)
 @pytest.mark.timeout(600)
 def test_the_agl_stock_runner_through_the_gateway_is_trained(agl: Path, tmp_path: Path) -> None:
     from litstream.trainer.checkpoint import list_checkpoints

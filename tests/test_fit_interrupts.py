@@ -94,6 +94,7 @@ def _role(seen: dict[int, str], *names: str) -> bool:
     return all(any(name in cmd for cmd in seen.values()) for name in names)
 
 
+@pytest.mark.slow(enabled_by="LITSTREAM_LONG_RUNS")  # a minute or more; CI runs it (.ci/run)
 @pytest.mark.timeout(1800)
 def test_ctrl_c_during_fit_stops_cleanly_and_a_rerun_resumes_from_the_checkpoints(tmp_path: Path) -> None:
     env = {**os.environ, "LITSTREAM_DATA_DIR": str(tmp_path / "data"), "OMP_NUM_THREADS": "1",
@@ -128,6 +129,7 @@ def test_ctrl_c_during_fit_stops_cleanly_and_a_rerun_resumes_from_the_checkpoint
 FINISHED = {"succeeded", "failed", "cancelled"}
 
 
+@pytest.mark.slow(enabled_by="LITSTREAM_LONG_RUNS")  # a minute or more; CI runs it (.ci/run)
 @pytest.mark.timeout(900)
 def test_a_run_killed_outright_resumes_and_accounts_for_every_rollout(tmp_path: Path) -> None:
     """SIGKILL to `litstream train` and every process it started (as a crash of the machine would) while some
@@ -223,6 +225,7 @@ def test_ctrl_c_during_the_demo_prints_its_summary_and_leaves_no_process(tmp_pat
     assert _still_running(seen) == []
 
 
+@pytest.mark.slow(enabled_by="LITSTREAM_LONG_RUNS")  # a minute or more; CI runs it (.ci/run)
 @pytest.mark.timeout(900)
 def test_a_runner_killed_during_fit_is_restarted_and_its_rollouts_retried(tmp_path: Path) -> None:
     import threading

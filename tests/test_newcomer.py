@@ -160,6 +160,7 @@ def _killed_child_comes_back(s: Session) -> None:
     assert "span-sink exited with code -9; restarting" in s.output()
 
 
+@pytest.mark.slow(enabled_by="LITSTREAM_LONG_RUNS")  # a minute or more; CI runs it (.ci/run)
 def test_a_newcomers_session(session: Session) -> None:
     s = session
     _start_and_check_status_while_starting(s)
