@@ -62,16 +62,20 @@ def cpu_label(side: str, workers: int) -> str:
     return f"{side} agent loop {CPU}, {workers} agent{'s' if workers > 1 else ''}"
 
 
-def _cpu_rows(sizes: Sizes, result: dict[str, Any], groups: dict[str, str]) -> list[Row]:
-    """Per agent count and per group of processes (label -> the groups it sums), the CPU-ms per rollout."""
+CpuParts = tuple[tuple[str, ...], str | None]  # the process groups added up, and one part of them taken away
+
+
+def _cpu_rows(sizes: Sizes, result: dict[str, Any], groups: dict[str, CpuParts]) -> list[Row]:
+    """Per agent count and per label (the process groups it adds up, less one part of them or None), the CPU-ms
+    per rollout."""
     rows = []
     for w in sizes.workers:
         spent = result["runs"][str(w)].get("cpu_ms_per_rollout", {})
-        for side, parts in groups.items():
-            added, _, taken = parts.partition("-")  # "a+b-c": a and b, less c (a part of them)
-            if all(p in spent for p in added.split("+")):
-                ms = sum(spent[p] for p in added.split("+")) - (spent.get(taken, 0.0) if taken else 0.0)
-                rows.append(Row(cpu_label(side, w), value=ms, note=f"CPU-ms per rollout ({parts})"))
+        for side, (added, taken) in groups.items():
+            if all(p in spent for p in added):
+                ms = sum(spent[p] for p in added) - (spent.get(taken, 0.0) if taken else 0.0)
+                what = " + ".join(added) + (f", less {taken}" if taken else "")
+                rows.append(Row(cpu_label(side, w), value=ms, note=f"CPU-ms per rollout ({what})"))
     return rows
 
 
@@ -118,8 +122,9 @@ def run(ctx: Context) -> Report:
                             for label in _labels(LIT, sizes)]
     else:
         rows += _rows(LIT, sizes, lit)
-        rows += _cpu_rows(sizes, lit, {"litstream": "stack+broker", "litstream without the broker": "stack"})
-        rows += _cpu_rows(sizes, lit, {"litstream, the broker's JIT compiler apart": "stack+broker-broker jit"})
+        rows += _cpu_rows(sizes, lit, {"litstream": (("stack", "broker"), None),
+                                       "litstream without the broker": (("stack",), None)})
+        rows += _cpu_rows(sizes, lit, {"litstream, the broker's JIT compiler apart": (("stack", "broker"), "broker jit")})
         rows.append(Row("litstream agent loop: where the CPU went", note=cpu_note))
         params["litstream"] = lit["runs"]
         params["litstream_cpu_note"] = cpu_note
@@ -128,6 +133,6 @@ def run(ctx: Context) -> Report:
         rows += missing
     else:
         rows += _rows(REF, sizes, ref)
-        rows += _cpu_rows(sizes, ref, {AGL: "server"})
+        rows += _cpu_rows(sizes, ref, {AGL: (("server",), None)})
         params["agl"] = ref["runs"]
     return Report(rows, params)

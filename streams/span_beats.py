@@ -83,11 +83,18 @@ class SpanBeats:
         with self._lock:
             return any(beat.pending for beat in self._beats.values())
 
-    def held_max_sequence_id(self, rollout_id: str, attempt_id: str) -> int | None:
-        """The highest sequence id among the attempt's spans that no beat covered yet (None: none, or none known)."""
+    def due_before_reserving(self, rollout_id: str, attempt_id: str, next_sequence_id: int | None) -> Beat | None:
+        """The attempt's held beat, due at once, if its spans used an id the rollout's counter is not past
+        (``next_sequence_id``, as the writer's replica folded it; None: not known, so any id): ids the spans chose
+        themselves. Spans that used reserved ids leave the beat to its throttle."""
         with self._lock:
             beat = self._beats.get((rollout_id, attempt_id))
-            return beat.max_sequence_id if beat is not None and beat.pending else None
+            if beat is None or not beat.pending or beat.max_sequence_id is None:
+                return None
+            if next_sequence_id is not None and beat.max_sequence_id < next_sequence_id:
+                return None
+            beat.pending, beat.last_sent = False, self._clock()
+            return Beat(beat.rollout_id, beat.attempt_id, beat.max_sequence_id, beat.worker_id)
 
     def due_for(self, rollout_id: str, attempt_id: str, urgent: bool = False) -> Beat | None:
         """:meth:`due` for one attempt only (a writer that beats right after its own spans)."""

@@ -181,11 +181,9 @@ class SpanWriter:
         leave the counter past them already (this store's replica folded those reservations): their beat keeps its
         throttle, so an agent that reserves an id per span adds no event per span."""
         for rid, aid in attempts:
-            held = self._span_beats.held_max_sequence_id(rid, aid)
             snap = self.rollouts.snapshots.get(rid)
-            if held is None or (snap is not None and held < snap.next_sequence_id):
-                continue
-            if (due := self._span_beats.due_for(rid, aid, urgent=True)) is not None:
+            due = self._span_beats.due_before_reserving(rid, aid, None if snap is None else snap.next_sequence_id)
+            if due is not None:
                 self._send_beat(rid, aid, due.max_sequence_id)
 
     def _flush_held_later(self) -> None:

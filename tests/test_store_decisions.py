@@ -117,3 +117,18 @@ def test_a_held_back_beat_carries_every_id_used_since_the_last() -> None:
     assert beats.due(force=True) == []  # nothing new since
     beats.spans("ro-1", "at-1", 10)
     assert [b.max_sequence_id for b in beats.due(force=True)] == [10]  # force: before the attempt ends
+
+
+def test_a_beat_goes_before_a_reservation_only_for_ids_the_counter_is_not_past() -> None:
+    """Spans that used reserved ids leave their beat to its throttle; an id the spans chose themselves at or past
+    the folded counter (or a counter not known here) sends the beat first, so the reservation starts past it."""
+    beats = SpanBeats(clock=lambda: 1000.0)
+    beats.spans("ro-1", "at-1", 4)
+    assert beats.due_before_reserving("ro-1", "at-1", next_sequence_id=5) is None  # id 4 was reserved: 5 is next
+    assert beats.pending()  # still held, for its throttle
+    beats.spans("ro-1", "at-1", 9)
+    due = beats.due_before_reserving("ro-1", "at-1", next_sequence_id=5)
+    assert due is not None and due.max_sequence_id == 9 and not beats.pending()
+    beats.spans("ro-1", "at-2", 2)
+    assert beats.due_before_reserving("ro-1", "at-2", next_sequence_id=None) is not None  # the counter not known
+    assert beats.due_before_reserving("ro-1", "at-3", next_sequence_id=1) is None  # no spans held
