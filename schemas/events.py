@@ -17,6 +17,7 @@ from types import UnionType
 from typing import Annotated, Any, ClassVar, Literal, Self, TypeVar, Union, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+from pydantic_core import from_json
 
 from .models import AttemptStatus, RolloutConfig, RolloutMode, RolloutStatus, StatusCode
 
@@ -223,7 +224,7 @@ class _Plan:
             return record
         for name, default in self.json_defaults.items():
             raw = record.pop(f"{name}_json", None)
-            record[name] = json.loads(raw) if raw is not None else default
+            record[name] = from_json(raw) if raw is not None else default
         for name, nested in self.nested_items:
             if name in record:
                 record[name] = nested.parsed(record[name])

@@ -31,9 +31,9 @@ def base(settings: Settings) -> Iterator[str]:
 
 
 def call(url: str, method: str = "GET", body: Any = None, headers: dict[str, str] | None = None,
-         token: str | None = TOKEN) -> tuple[int, Any, str, dict[str, str]]:
-    """Status, JSON body, reason phrase and headers."""
-    data = json.dumps(body).encode() if body is not None else None
+         token: str | None = TOKEN, raw: bytes | None = None) -> tuple[int, Any, str, dict[str, str]]:
+    """Status, JSON body, reason phrase and headers (``raw``: the request body's bytes as given)."""
+    data = raw if raw is not None else json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json",
                                                                          **(headers or {})})
     if token:
@@ -128,8 +128,20 @@ def test_spans_statistics_and_cors(base: str) -> None:
     status, page, _, _ = agl(base, f"/spans?rollout_id={rid}&sort_by=parent_id")
     assert status == 200 and page["total"] == 2
     assert [s["parent_id"] for s in page["items"]] == [None, "xyz"]  # a missing value sorts first, ascending
+    # bodies read by pydantic-core: a span's floats and unicode back as sent; not JSON is a 400 saying so; null
+    # is no body
+    sent = {**_span(rid, aid, span_id="c" * 16), "attributes": {"x": 1e-07, "big": 2**40 + 1, "t": "caf\u00e9 \U0001F600"}}
+    status, added, _, _ = agl(base, "/spans", "POST", sent)
+    assert status == 201 and added["attributes"] == sent["attributes"] and added["start_time"] == sent["start_time"]
+    status, body, reason, _ = call(f"{base}/v1/agl/spans", "POST", raw=b'{"rollout_id": ')
+    assert status == 400 and body["detail"].startswith("body is not JSON: ") and reason.startswith("Bad Request: body")
+    status, body, _, _ = call(f"{base}/v1/agl/spans/next", "POST", raw=b"null")
+    assert (status, body["field"]) == (422, "rollout_id")
+    status, body, _, _ = call(f"{base}/v1/agl/spans/next", "POST", raw=b'{"rollout_id": "' + rid.encode() + b'"}')
+    assert (status, body["field"], body["detail"]) == (422, "attempt_id", "attempt_id: Field required")
+
     _, stats, _, _ = agl(base, "/statistics")
-    assert stats["total_spans"] == 2 and stats["total_rollouts"] == 1 and stats["total_span_bytes"] > 0
+    assert stats["total_spans"] == 3 and stats["total_rollouts"] == 1 and stats["total_span_bytes"] > 0
 
     status, body, reason, _ = agl(base, "/nowhere")  # the router's own answers, in the reference's body shape
     assert (status, body["detail"], reason) == (404, "Not Found", "Not Found")

@@ -210,6 +210,29 @@ def test_a_json_field_that_is_not_json_is_a_decode_error() -> None:
         codec.decode(data)
 
 
+def _with_input_json(raw: str) -> bytes:
+    """A RolloutEnqueued as another producer may write it: its input field's JSON exactly as given."""
+    codec = Codec()
+    rec = SAMPLE.to_record()
+    rec["input_json"] = raw
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, codec.store.readers["litstream.RolloutEnqueued"], rec)
+    return b"\xc3\x01" + codec.store.reader_fp["litstream.RolloutEnqueued"] + buf.getvalue()
+
+
+@pytest.mark.parametrize("raw", [
+    '{"n": 123456789012345678901234567890, "x": -0.0, "e": 1E5, "tiny": 2.5e-7}',
+    '{"q": "caf\\u00e9 \\ud83d\\ude00 \\n", "dup": 1, "dup": 2}',
+    '[NaN, Infinity, -Infinity, 1e400]',
+    ' {"spaced" : [ true , false , null ] } ',
+])
+def test_json_fields_of_other_writers_decode_as_pythons_parser_reads_them(raw: str) -> None:
+    """A JSON field is parsed by pydantic-core's parser: what Python's ``json`` reads from the same text (big
+    integers, escapes, the non-finite numbers Python writes), value for value."""
+    got = Codec().decode_as(_with_input_json(raw), RolloutEnqueued).input
+    assert json.dumps(got) == json.dumps(json.loads(raw))
+
+
 def test_decode_record_gives_the_avro_record_of_the_expected_type() -> None:
     from litstream.schemas.events import SpanRecorded
     from tests.samples import span
