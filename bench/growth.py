@@ -10,8 +10,9 @@ After the first and the last quarter: the p50 of ``get_rollout_by_id`` and ``que
 that quarter, read one after the other as an algorithm reads what it trains on (after the last, the first
 quarter's 50 again), and of a ``query_rollouts`` page of 100 (the newest, and from the middle of the list).
 
-    python -m bench.growth                      # 4,000 rollouts, ~5 minutes
-    python -m bench.growth --rollouts 100000    # the growth table of docs/benchmarks.md, ~1.5 hours
+    python -m bench.growth                                # 4,000 rollouts, ~5 minutes
+    python -m bench.growth --rollouts 100000 --no-agl     # litstream's side of 100,000: ~1.5 hours on 2 cores
+    python -m bench.growth --rollouts 100000 --no-litstream  # the reference's: 2 hours or more, ~10 GiB
 
 Writes ``bench/results/growth-<UTC time>.json`` and prints the table as Markdown.
 """
@@ -86,7 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.growth", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rollouts", type=int, default=4000, help="rollouts per side, in four quarters")
-    parser.add_argument("--no-agl", action="store_true", help="litstream only")
+    sides = parser.add_mutually_exclusive_group()
+    sides.add_argument("--no-agl", action="store_true", help="litstream only")
+    sides.add_argument("--no-litstream", action="store_true",
+                       help="the reference only (a run longer than one sitting, one side at a time)")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
     console = Console(stderr=True)
@@ -95,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]the Agent Lightning virtualenv is needed: {reason}[/]")
         return 1
     ctx = Context(quick=False, agl=not args.no_agl, console=console)
-    sides = {"litstream": litstream_side(ctx, args.rollouts)}
+    sides = {} if args.no_litstream else {"litstream": litstream_side(ctx, args.rollouts)}
     if ctx.agl:
         sides[AGL] = run_side(_config_for(args.rollouts, None), console, AGL)
     table = markdown(sides)
