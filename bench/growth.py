@@ -83,6 +83,14 @@ def markdown(sides: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def merged(paths: list[Path]) -> dict[str, dict[str, Any]]:
+    """The sides of several saved runs, each side from the last file that has it."""
+    sides: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        sides.update(json.loads(path.read_text())["sides"])
+    return sides
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.growth", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -91,9 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     sides.add_argument("--no-agl", action="store_true", help="litstream only")
     sides.add_argument("--no-litstream", action="store_true",
                        help="the reference only (a run longer than one sitting, one side at a time)")
+    sides.add_argument("--merge", type=Path, nargs="+", metavar="RESULT",
+                       help="print one table of the sides in these saved results (runs of one side each)")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
     console = Console(stderr=True)
+    if args.merge:
+        print(markdown(merged(args.merge)))
+        return 0
     _, reason = agl_python(console)
     if reason:  # the stock client is the load on both sides: it lives in the Agent Lightning venv
         console.print(f"[red]the Agent Lightning virtualenv is needed: {reason}[/]")

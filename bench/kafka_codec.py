@@ -18,6 +18,7 @@ import random
 import secrets
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -226,9 +227,9 @@ def build_other_types(n: int, factory: EventFactory, enqueued: RolloutEnqueued) 
     return out
 
 
-def fastavro_rates(records: list[AvroModel], codec: Codec, repeats: int) -> tuple[float, float]:
-    """Bare fastavro on the same records and schema: the Avro record (a dict) -> bytes -> a dict, the rate the
-    codec is measured against (its own cost is the model on each side and the header)."""
+def _bare_ways(records: list[AvroModel], codec: Codec) -> tuple[Callable[[], None], Callable[[], None]]:
+    """Bare fastavro on the same records and schema: the Avro record (a dict) -> bytes -> a dict, what the codec is
+    measured against (its own cost is the model on each side and the header). (encode all, decode all)."""
     schema = codec.writer_schema(type(records[0]).avro_name)  # type: ignore[attr-defined]
     dicts = [r.to_wire_record() for r in records]
     bodies = []
@@ -245,8 +246,14 @@ def fastavro_rates(records: list[AvroModel], codec: Codec, repeats: int) -> tupl
         for body in bodies:
             fastavro.schemaless_reader(io.BytesIO(body), schema, None)
 
-    return (len(dicts) / statistics.median(repeat(encode_all, repeats)),
-            len(bodies) / statistics.median(repeat(decode_all, repeats)))
+    return encode_all, decode_all
+
+
+def fastavro_rates(records: list[AvroModel], codec: Codec, repeats: int) -> tuple[float, float]:
+    """Bare fastavro's (encode, decode) rates on the records (:func:`_bare_ways`)."""
+    encode_all, decode_all = _bare_ways(records, codec)
+    return (len(records) / statistics.median(repeat(encode_all, repeats)),
+            len(records) / statistics.median(repeat(decode_all, repeats)))
 
 
 def fastavro_rows(label: str, records: list[AvroModel], codec: Codec, repeats: int) -> list[Row]:
@@ -270,8 +277,7 @@ def every_type_rows(others: dict[str, list[AvroModel]], spans: list[SpanRecorded
     records: dict[str, tuple[float, float]] = {}
     bare: dict[str, tuple[float, float]] = {}
     for name, of_type in by_type.items():
-        models[name], records[name] = _type_rates(name, of_type, codec, repeats)
-        bare[name] = fastavro_rates(of_type, codec, repeats)
+        models[name], records[name], bare[name] = _type_rates(name, of_type, codec, repeats)
     rows = []
     for i, verb in enumerate(("encode", "decode")):
         name, rate = min(((n, r[i]) for n, r in models.items()), key=lambda item: item[1])
@@ -284,9 +290,14 @@ def every_type_rows(others: dict[str, list[AvroModel]], spans: list[SpanRecorded
     return rows
 
 
-def _type_rates(name: str, of_type: list[AvroModel], codec: Codec,
-                repeats: int) -> tuple[tuple[float, float], tuple[float, float]]:
-    """(encode, decode) rates of one record type through the codec with models, and with records."""
+Rates = tuple[float, float]  # (encode, decode), records/s
+
+
+def _type_rates(name: str, of_type: list[AvroModel], codec: Codec, repeats: int) -> tuple[Rates, Rates, Rates]:
+    """(encode, decode) rates of one record type through the codec with models, with records, and through bare
+    fastavro. Each repeat times all six back to back, so that a ratio compares timings taken seconds apart, not
+    minutes (this machine's speed drifts by up to 2x between runs), each by this thread's CPU time, which another
+    process taking the core does not lengthen."""
     cls = type(of_type[0])
     blobs = [codec.encode(r) for r in of_type]
     plain = [r.to_record() for r in of_type]
@@ -307,10 +318,16 @@ def _type_rates(name: str, of_type: list[AvroModel], codec: Codec,
         for blob in blobs:
             codec.decode_record(blob, cls)
 
+    ways = (encode_models, decode_models, encode_records, decode_records, *_bare_ways(of_type, codec))
+    samples: list[list[float]] = [[] for _ in ways]
+    for _ in range(repeats):
+        for way, taken in zip(ways, samples, strict=True):
+            started = time.thread_time()
+            way()
+            taken.append(time.thread_time() - started)
     n = len(of_type)
-    return ((n / statistics.median(repeat(encode_models, repeats)), n / statistics.median(repeat(decode_models, repeats))),
-            (n / statistics.median(repeat(encode_records, repeats)),
-             n / statistics.median(repeat(decode_records, repeats))))
+    rate = [n / statistics.median(taken) for taken in samples]
+    return (rate[0], rate[1]), (rate[2], rate[3]), (rate[4], rate[5])
 
 
 def _furthest_rows(label: str, fastavro_label: str, i: int, rates: dict[str, tuple[float, float]], bare: dict[str, tuple[float, float]],

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -211,6 +212,25 @@ def test_growth_tiny(tmp_path: Path) -> None:
     assert {"broker", "lifecycle", "span-sink", "gateway"} <= set(ours[0]["rss_mib"])
     assert ours[0]["reads"]["query_spans"]["n"] == 20 and "reads" in ours[3]
     assert len(doc["sides"]) == 2 and "| litstream: rollouts/s |" in doc["markdown"]
+
+
+def _one_side(rate: float, rss: float) -> dict[str, Any]:
+    reads = {"get_rollout_by_id": {"p50_ms": 1.0}, "query_spans": {"p50_ms": 2.0}}
+    return {"quarters": [{"rollouts": 100, "wall_s": 100 / rate, "rss_mib": {"server": rss}, "reads": reads}
+                         for _ in range(4)]}
+
+
+def test_growth_sides_run_apart_print_as_one_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A growth run longer than one sitting runs a side at a time; ``--merge`` prints their one table."""
+    from bench.growth import main
+
+    ours, theirs = tmp_path / "ours.json", tmp_path / "theirs.json"
+    ours.write_text(json.dumps({"sides": {"litstream": _one_side(19.0, 300)}}))
+    theirs.write_text(json.dumps({"sides": {"agentlightning 0.3.0": _one_side(14.0, 1600)}}))
+    assert main(["--merge", str(ours), str(theirs)]) == 0
+    table = capsys.readouterr().out
+    assert "| litstream: rollouts/s | 19.0 | 19.0 | 19.0 | 19.0 |" in table
+    assert "| agentlightning 0.3.0: server RSS (MiB) | 1,600 |" in table
 
 
 def test_the_summary_holds_the_timer_to_its_bound_in_ms() -> None:
