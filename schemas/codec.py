@@ -173,9 +173,10 @@ class Codec:
 
     def _write(self, name: str, record: dict[str, Any]) -> bytes:
         """fastavro's writer (attribute values tagged: it spares the writer trying each branch of the union)."""
+        schema, header = self._writers[name]
         buf = io.BytesIO()
-        buf.write(self._header(name))
-        fastavro.schemaless_writer(buf, self._writers[name][0], record)
+        buf.write(header if self.registry is None else self._header(name))
+        fastavro.schemaless_writer(buf, schema, record)
         return buf.getvalue()
 
     # -- decoding --
@@ -228,14 +229,15 @@ class Codec:
         cls = BY_NAME.get(name)
         if cls is None:
             raise DecodeError(f"record type {name!r} is not one litstream reads")
-        body = io.BytesIO(data[offset:])
+        body = io.BytesIO(data)  # read from past the header: no copy of the body
+        body.seek(offset)
         try:
             reader = self._readers[name]
             rec = fastavro.schemaless_reader(body, writer, reader if reader is not writer else None)
         except Exception as exc:  # fastavro raises several types on corrupt input
             raise DecodeError(f"corrupt {name} body: {type(exc).__name__}: {exc}") from None
-        if body.tell() != len(data) - offset:
-            raise DecodeError(f"corrupt {name} body: {len(data) - offset - body.tell()} trailing bytes")
+        if body.tell() != len(data):
+            raise DecodeError(f"corrupt {name} body: {len(data) - body.tell()} trailing bytes")
         if not isinstance(rec, dict):
             raise DecodeError(f"corrupt {name} body: not a record")
         return cls, name, rec

@@ -185,6 +185,7 @@ class _Plan:
                               for name in self.json_fields}
         self.attr_fields: tuple[str, ...] = tuple(getattr(cls, "attr_fields", ()))
         self._parses: bool | None = None
+        self._tags: bool | None = None
 
     @property
     def parses(self) -> bool:
@@ -192,6 +193,13 @@ class _Plan:
         if self._parses is None:
             self._parses = bool(self.json_fields) or any(n.plan.parses for _, n in self.nested_items)
         return self._parses
+
+    @property
+    def tags(self) -> bool:
+        """Whether a record of this class holds attribute values to tag, at any depth (on first use)."""
+        if self._tags is None:
+            self._tags = bool(self.attr_fields) or any(n.plan.tags for _, n in self.nested_items)
+        return self._tags
 
     def record(self, model: BaseModel, tag: bool) -> dict[str, Any]:
         """Model -> Avro record, from the model's fields (a shallow copy; the model is not changed)."""
@@ -207,7 +215,10 @@ class _Plan:
 
     def tagged(self, record: dict[str, Any]) -> dict[str, Any]:
         """A record built without a model, as :meth:`record` with ``tag`` gives it: attribute values tagged with
-        their union branch, in new dicts (the record, whose parts may be shared, is not changed)."""
+        their union branch, in new dicts (the record, whose parts may be shared, is not changed). A record with no
+        attribute values at any depth is the record itself."""
+        if not self.tags:
+            return record
         data = dict(record)
         for name in self.attr_fields:
             if data.get(name) is not None:
