@@ -17,7 +17,7 @@ import struct
 import threading
 import urllib.request
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import fastavro
 from fastavro.schema import load_schema, to_parsing_canonical_form
@@ -131,6 +131,16 @@ class SchemaRegistryClient:
             return self._schemas[schema_id]
 
 
+class _Known(NamedTuple):
+    """How to read a message whose header names a known writer schema."""
+
+    writer: Any
+    name: str
+    cls: type[AvroModel]
+    reader: Any  # None: the writer's schema is this code's
+    offset: int  # where the body starts
+
+
 class Codec:
     """Encode records to bytes and back."""
 
@@ -140,6 +150,8 @@ class Codec:
         self.registry = registry
         # Overrides let a codec read or write another version of a record (schema evolution, tests).
         self._readers = {**self.store.readers, **{k: fastavro.parse_schema(v) for k, v in (readers or {}).items()}}
+        # Single-object headers read so far: the writer, the record, and the reader schema when it differs.
+        self._headers: dict[bytes, _Known] = {}
         # Per record name: the writer schema and the single-object header (magic + its fingerprint).
         self._writers: dict[str, tuple[Any, bytes]] = {}
         for name, parsed in self.store.readers.items():
@@ -224,16 +236,14 @@ class Codec:
     def _read(self, data: bytes | None) -> tuple[type[AvroModel], str, dict[str, Any]]:
         if not data:
             raise DecodeError("empty message")
-        writer, offset = self._writer_schema(data)
-        name = _name_of(writer)
-        cls = BY_NAME.get(name)
-        if cls is None:
-            raise DecodeError(f"record type {name!r} is not one litstream reads")
+        known = self._headers.get(data[:10])
+        if known is None:
+            known = self._resolve(data)
+        writer, name, cls, reader, offset = known
         body = io.BytesIO(data)  # read from past the header: no copy of the body
         body.seek(offset)
         try:
-            reader = self._readers[name]
-            rec = fastavro.schemaless_reader(body, writer, reader if reader is not writer else None)
+            rec = fastavro.schemaless_reader(body, writer, reader)
         except Exception as exc:  # fastavro raises several types on corrupt input
             raise DecodeError(f"corrupt {name} body: {type(exc).__name__}: {exc}") from None
         if body.tell() != len(data):
@@ -241,6 +251,19 @@ class Codec:
         if not isinstance(rec, dict):
             raise DecodeError(f"corrupt {name} body: not a record")
         return cls, name, rec
+
+    def _resolve(self, data: bytes) -> _Known:
+        """Who wrote ``data`` and how to read it; a single-object header is remembered (it names one schema)."""
+        writer, offset = self._writer_schema(data)
+        name = _name_of(writer)
+        cls = BY_NAME.get(name)
+        if cls is None:
+            raise DecodeError(f"record type {name!r} is not one litstream reads")
+        reader = self._readers[name]
+        known = _Known(writer, name, cls, None if reader is writer else reader, offset)
+        if offset == 10:
+            self._headers[data[:10]] = known
+        return known
 
     def decode_as(self, data: bytes | None, cls: type[M]) -> M:
         record = self.decode(data)

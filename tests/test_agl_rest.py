@@ -6,6 +6,7 @@ and CORS."""
 from __future__ import annotations
 
 import json
+import math
 import time
 import urllib.error
 import urllib.request
@@ -131,8 +132,9 @@ def test_spans_statistics_and_cors(base: str) -> None:
     # bodies read by pydantic-core: a span's floats and unicode back as sent; not JSON is a 400 saying so; null
     # is no body
     sent = {**_span(rid, aid, span_id="c" * 16), "attributes": {"x": 1e-07, "big": 2**40 + 1, "t": "caf\u00e9 \U0001F600"}}
-    status, added, _, _ = agl(base, "/spans", "POST", sent)
-    assert status == 201 and added["attributes"] == sent["attributes"] and added["start_time"] == sent["start_time"]
+    status, added, _, _ = agl(base, "/spans", "POST", {**sent, "attributes": {**sent["attributes"], "nan": math.nan}})
+    assert status == 201 and added["attributes"] == {**sent["attributes"], "nan": None}  # standard JSON: no NaN
+    assert added["start_time"] == sent["start_time"]
     status, body, reason, _ = call(f"{base}/v1/agl/spans", "POST", raw=b'{"rollout_id": ')
     assert status == 400 and body["detail"].startswith("body is not JSON: ") and reason.startswith("Bad Request: body")
     status, body, _, _ = call(f"{base}/v1/agl/spans/next", "POST", raw=b"null")
