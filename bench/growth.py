@@ -95,11 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.growth", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rollouts", type=int, default=4000, help="rollouts per side, in four quarters")
-    sides = parser.add_mutually_exclusive_group()
-    sides.add_argument("--no-agl", action="store_true", help="litstream only")
-    sides.add_argument("--no-litstream", action="store_true",
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--no-agl", action="store_true", help="litstream only")
+    which.add_argument("--no-litstream", action="store_true",
                        help="the reference only (a run longer than one sitting, one side at a time)")
-    sides.add_argument("--merge", type=Path, nargs="+", metavar="RESULT",
+    which.add_argument("--merge", type=Path, nargs="+", metavar="RESULT",
                        help="print one table of the sides in these saved results (runs of one side each)")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
