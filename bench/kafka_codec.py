@@ -59,7 +59,17 @@ from litstream.schemas.events import (
 )
 from litstream.schemas.models import new_attempt_id, new_resources_id, new_rollout_id
 
-from .harness import AGL_REQUIREMENT, Context, Report, Row, rate_row, repeat, run_agl_reference, timed
+from .harness import (
+    AGL_REQUIREMENT,
+    Context,
+    Report,
+    Row,
+    cpu_timed,
+    rate_row,
+    repeat,
+    run_agl_reference,
+    timed,
+)
 
 TITLE = "codec, broker and EventProducer rates, with Agent Lightning 0.3.0's in-memory store for reference"
 PARTITIONS = 4
@@ -322,9 +332,7 @@ def _type_rates(name: str, of_type: list[AvroModel], codec: Codec, repeats: int)
     samples: list[list[float]] = [[] for _ in ways]
     for _ in range(repeats):
         for way, taken in zip(ways, samples, strict=True):
-            started = time.thread_time()
-            way()
-            taken.append(time.thread_time() - started)
+            taken.append(cpu_timed(way))
     n = len(of_type)
     rate = [n / statistics.median(taken) for taken in samples]
     return (rate[0], rate[1]), (rate[2], rate[3]), (rate[4], rate[5])

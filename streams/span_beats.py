@@ -36,6 +36,11 @@ class Beat:
     last_sent: float = float("-inf")
     last_span: float = 0.0
 
+    def send(self, now: float) -> Beat:
+        """Mark the beat sent at ``now``; the copy to send."""
+        self.pending, self.last_sent = False, now
+        return Beat(self.rollout_id, self.attempt_id, self.max_sequence_id, self.worker_id)
+
 
 class SpanBeats:
     """Thread-safe; ``clock`` is monotonic seconds."""
@@ -72,8 +77,7 @@ class SpanBeats:
             for key, beat in list(self._beats.items()):
                 if beat.pending and (force or now - beat.last_sent >= self.every_s
                                      or (urgent is not None and urgent(beat))):
-                    beat.pending, beat.last_sent = False, now
-                    out.append(Beat(beat.rollout_id, beat.attempt_id, beat.max_sequence_id, beat.worker_id))
+                    out.append(beat.send(now))
                 elif not beat.pending and now - beat.last_span > FORGET_AFTER_S:
                     del self._beats[key]
         return out
@@ -93,8 +97,7 @@ class SpanBeats:
                 return None
             if next_sequence_id is not None and beat.max_sequence_id < next_sequence_id:
                 return None
-            beat.pending, beat.last_sent = False, self._clock()
-            return Beat(beat.rollout_id, beat.attempt_id, beat.max_sequence_id, beat.worker_id)
+            return beat.send(self._clock())
 
     def due_for(self, rollout_id: str, attempt_id: str, urgent: bool = False) -> Beat | None:
         """:meth:`due` for one attempt only (a writer that beats right after its own spans)."""
@@ -103,5 +106,4 @@ class SpanBeats:
             beat = self._beats.get((rollout_id, attempt_id))
             if beat is None or not beat.pending or not (urgent or now - beat.last_sent >= self.every_s):
                 return None
-            beat.pending, beat.last_sent = False, now
-            return Beat(beat.rollout_id, beat.attempt_id, beat.max_sequence_id, beat.worker_id)
+            return beat.send(now)
